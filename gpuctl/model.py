@@ -1,0 +1,284 @@
+"""The fleet's domain model: GPUs, telemetry samples, slices, departments, leases, snapshots.
+
+Plain dataclasses with no UI or transport imports. Every figure carries its unit in its name
+(`memory_used_bytes`, `power_w`, `temperature_c`, `sm_util_pct`); `None` means "N/A" (NVML said
+NotSupported, the value was out of range, or it was never measured) and is never replaced by 0.
+
+The JSON shapes used by the daemon's control API and by `gpuctl status --json` are produced by the
+`to_json()` methods here and read back by the `from_json()` class methods, so one definition serves
+the daemon, the fleet client, the CLI and the console.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+#: The pseudo-department that owns slices given to nobody yet (new GPUs start here).
+UNASSIGNED = "unassigned"
+
+#: The ways one GPU may be split: number of equal slices (fractions 1, 1/2, 1/4, 1/8).
+ALLOWED_PARTS = (1, 2, 4, 8)
+
+
+def slice_id(gpu_uuid: str, k: int) -> str:
+    """The stable id of slice `k` (0-based) of the GPU with UUID `gpu_uuid`: ``"<uuid>/<k>"``."""
+    return f"{gpu_uuid}/{k}"
+
+
+def split_slice_id(sid: str) -> tuple[str, int]:
+    """Inverse of :func:`slice_id`: ``"GPU-x/3"`` -> ``("GPU-x", 3)``.
+
+    Raises ValueError naming the id when it is not of that form.
+    """
+    uuid, sep, k = sid.rpartition("/")
+    if not sep or not uuid or not k.isdigit():
+        raise ValueError(f"slice id {sid!r} is not of the form '<gpu-uuid>/<n>'")
+    return uuid, int(k)
+
+
+def _pick(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """The keys of `data` that are fields of dataclass `cls` (unknown keys from newer peers are ignored)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """What identifies one GPU of a node; fixed while the daemon runs.
+
+    uuid: NVML's UUID (nvmlDeviceGetUUID), e.g. "GPU-9f02c47f-...". index: NVML's index (may change
+    across reboots; the UUID does not). pci_bus_id: nvmlDeviceGetPciInfo().busId. memory_total_bytes:
+    from nvmlDeviceGetMemoryInfo (None when NVML gave an impossible figure). mig_enabled: current MIG
+    mode (nvmlDeviceGetMigMode), None where unsupported.
+    """
+
+    uuid: str
+    index: int
+    name: str
+    pci_bus_id: str | None = None
+    memory_total_bytes: int | None = None
+    mig_enabled: bool | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "GpuIdentity":
+        return cls(**_pick(cls, data))
+
+
+@dataclass
+class GpuSample:
+    """One telemetry sample of one GPU, taken by the daemon's sampler thread.
+
+    Units: timestamp_s is Unix time (seconds); *_pct in 0..100 (nvmlDeviceGetUtilizationRates: SM
+    and memory-controller utilization); memory_*_bytes in bytes (nvmlDeviceGetMemoryInfo, v2 where
+    the driver has it: `used` excludes `reserved`); temperature_c in °C (nvmlDeviceGetTemperature,
+    GPU sensor); power_w in W (nvmlDeviceGetPowerUsage, mW / 1000); sm_clock_mhz in MHz
+    (nvmlDeviceGetClockInfo, SM). Any field is None when N/A.
+
+    error: a per-GPU error ("lost: node needs reboot") when the GPU did not answer at all.
+    processes_error: why the process list is unknown (e.g. "process list unavailable (driver too
+    old)"); a GPU with an unknown process list is never treated as idle by reassignment.
+    process_count: number of compute processes (nvmlDeviceGetComputeRunningProcesses), None if unknown.
+    quality_events: count of out-of-range readings dropped from this sample (data-quality events).
+    """
+
+    uuid: str
+    timestamp_s: float
+    sm_util_pct: float | None = None
+    memory_util_pct: float | None = None
+    memory_used_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    sm_clock_mhz: int | None = None
+    process_count: int | None = None
+    processes_error: str | None = None
+    error: str | None = None
+    quality_events: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "GpuSample":
+        return cls(**_pick(cls, data))
+
+
+@dataclass
+class Slice:
+    """A fraction of one GPU, owned by one department.
+
+    id: :func:`slice_id` of (gpu_uuid, k). fraction: 1, 0.5, 0.25 or 0.125 of the GPU.
+    memory_quota_bytes: the slice's share of the GPU's memory (bytes). compute_share: 0..1 of the SMs.
+    department: owning department's name, or :data:`UNASSIGNED`. lease_id: the lease holding it, or
+    None when idle. pending: a drain-mode reassignment waiting for the lease to end, as
+    ``{"to": dept, "request_id": id}``, else None.
+    """
+
+    id: str
+    gpu_uuid: str
+    fraction: float
+    memory_quota_bytes: int
+    compute_share: float
+    department: str = UNASSIGNED
+    lease_id: str | None = None
+    pending: dict[str, str] | None = None
+
+    @property
+    def leased(self) -> bool:
+        """True while a lease holds this slice ("busy")."""
+        return self.lease_id is not None
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["leased"] = self.leased
+        return d
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Slice":
+        return cls(**_pick(cls, data))
+
+
+@dataclass
+class Lease:
+    """A client's hold on slices of its department, for remote attach.
+
+    id: lease id. department: the department whose slices it holds. slice_ids: held slices.
+    owner: "user@host" of the client. created_s, heartbeat_s, expires_s: Unix times (seconds);
+    the lease ends when now > expires_s; each heartbeat moves expires_s to now + ttl_s.
+    endpoint: "host:port" of its data-path worker, when one runs.
+    """
+
+    id: str
+    department: str
+    slice_ids: list[str]
+    owner: str
+    ttl_s: float
+    created_s: float
+    heartbeat_s: float
+    expires_s: float
+    endpoint: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Lease":
+        return cls(**_pick(cls, data))
+
+
+@dataclass(frozen=True)
+class Department:
+    """A department of the organization: owns slices, has a priority (lower number = more important)
+    and a display color (a theme variable name or a color the console understands)."""
+
+    name: str
+    priority: int = 100
+    color: str | None = None
+
+
+@dataclass
+class GpuStatus:
+    """One GPU as the fleet sees it: identity, latest sample (None before the first) and its slices."""
+
+    identity: GpuIdentity
+    sample: GpuSample | None
+    slices: list[Slice] = field(default_factory=list)
+
+    @property
+    def uuid(self) -> str:
+        return self.identity.uuid
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "identity": self.identity.to_json(),
+            "sample": self.sample.to_json() if self.sample else None,
+            "slices": [s.to_json() for s in self.slices],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "GpuStatus":
+        return cls(
+            identity=GpuIdentity.from_json(data["identity"]),
+            sample=GpuSample.from_json(data["sample"]) if data.get("sample") else None,
+            slices=[Slice.from_json(s) for s in data.get("slices", [])],
+        )
+
+
+@dataclass
+class NodeStatus:
+    """What one node's daemon answered to GET /v1/status, plus reachability as the client saw it.
+
+    name: the node's name in the fleet config. reachable: False when the client could not get an
+    answer (then `error` says why and `gpus` is empty). error: node-level error (unreachable, or
+    NVML could not start: see `error_code`). generation: the node's state generation, which every
+    change must quote. backend: "nvml" or "simulated". hostname: the daemon's hostname.
+    """
+
+    name: str
+    reachable: bool
+    error: str | None = None
+    error_code: str | None = None
+    generation: int = 0
+    backend: str | None = None
+    hostname: str | None = None
+    gpus: list[GpuStatus] = field(default_factory=list)
+    leases: list[Lease] = field(default_factory=list)
+    fetched_at_s: float = field(default_factory=time.time)
+
+    def slices(self) -> list[Slice]:
+        """All slices of this node, GPU by GPU."""
+        return [s for g in self.gpus for s in g.slices]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "reachable": self.reachable,
+            "error": self.error,
+            "error_code": self.error_code,
+            "generation": self.generation,
+            "backend": self.backend,
+            "hostname": self.hostname,
+            "gpus": [g.to_json() for g in self.gpus],
+            "leases": [lease.to_json() for lease in self.leases],
+            "fetched_at_s": self.fetched_at_s,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], name: str | None = None) -> "NodeStatus":
+        return cls(
+            name=name or data.get("name", "?"),
+            reachable=data.get("reachable", True),
+            error=data.get("error"),
+            error_code=data.get("error_code"),
+            generation=data.get("generation", 0),
+            backend=data.get("backend"),
+            hostname=data.get("hostname"),
+            gpus=[GpuStatus.from_json(g) for g in data.get("gpus", [])],
+            leases=[Lease.from_json(x) for x in data.get("leases", [])],
+            fetched_at_s=data.get("fetched_at_s", time.time()),
+        )
+
+
+@dataclass
+class FleetSnapshot:
+    """The merged view of every configured node at one moment (nodes in config order)."""
+
+    nodes: list[NodeStatus]
+    taken_at_s: float = field(default_factory=time.time)
+
+    def node(self, name: str) -> NodeStatus | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+    def gpu_count(self) -> int:
+        return sum(len(n.gpus) for n in self.nodes)
+
+
+def gpu_equivalents(slices: list[Slice]) -> float:
+    """Sum of the slices' fractions, in GPU-equivalents (two 1/2 slices = 1.0)."""
+    return sum(s.fraction for s in slices)
