@@ -1,0 +1,257 @@
+"""The fleet client: one persistent connection per node, bounded parallel fan-out, one snapshot.
+
+`NodeClient` speaks the daemon's control API (docs/ARCHITECTURE.md) over a transport
+(`gpuctl.transport`: SSH to the node's `gpuctld bridge`, or a local Unix socket). `FleetClient`
+fans calls out to every node with a bound on parallelism and a deadline per node: a node that is
+down or slow is reported as unreachable with the reason and never delays the others.
+FleetClient implements the console's `FleetSource` protocol (snapshot, history, departments).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, TypeVar
+
+from gpuctl.config import FleetConfig, NodeConfig
+from gpuctl.model import Department, FleetSnapshot, GpuSample, NodeStatus
+
+T = TypeVar("T")
+
+
+class NodeError(Exception):
+    """A call to one node failed.
+
+    node: the node's name. code: "unreachable", "timeout", or the daemon's error code
+    ("stale_generation", "slice_leased", "wrong_owner", "unknown_slice", "bad_request", ...).
+    status: the HTTP status the daemon answered (None when it never answered).
+    detail: the daemon's whole error object, if any.
+    """
+
+    def __init__(self, node: str, message: str, *, code: str = "unreachable",
+                 status: int | None = None, detail: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.node = node
+        self.code = code
+        self.status = status
+        self.detail = detail or {}
+
+    @property
+    def reachable(self) -> bool:
+        """True when the daemon answered (an API error), False when it could not be reached."""
+        return self.status is not None
+
+
+TransportFactory = Callable[[NodeConfig], Any]
+
+
+def default_transport_factory(**options: Any) -> TransportFactory:
+    """A factory opening `gpuctl.transport.open_transport(node, **options)` for each node.
+
+    options: ssh_config_path, known_hosts_path, accept_new_host_key (see gpuctl.transport).
+    """
+
+    def factory(node: NodeConfig) -> Any:
+        from gpuctl.transport import open_transport
+
+        return open_transport(node, **options)
+
+    return factory
+
+
+class NodeClient:
+    """The control-API client of one node, holding its one persistent transport.
+
+    Thread-safe for one caller at a time per node (FleetClient never runs two calls on one node
+    at once). Every method raises NodeError naming the node on any failure.
+    """
+
+    def __init__(self, node: NodeConfig, transport_factory: TransportFactory):
+        self.node = node
+        self._factory = transport_factory
+        self._transport: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    def _http(self) -> Any:
+        if self._transport is None:
+            self._transport = self._factory(self.node)
+        return self._transport.http_client()
+
+    def _drop_transport(self) -> None:
+        t, self._transport = self._transport, None
+        if t is not None:
+            try:
+                t.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection must not mask the error
+                pass
+
+    def request(self, method: str, path: str, *, json: Any = None,
+                params: dict[str, Any] | None = None, ok_404: bool = False) -> Any:
+        """One control-API call; returns the decoded JSON answer (None for an allowed 404).
+
+        Raises NodeError: code "unreachable"/"timeout" when no answer came (the transport is
+        dropped and re-opened on the next call), the daemon's error code on a 4xx/5xx answer.
+        """
+        with self._lock:
+            try:
+                resp = self._http().request(method, path, json=json, params=params,
+                                            timeout=self.node.timeout_s)
+            except Exception as exc:  # noqa: BLE001 - every transport failure becomes a NodeError
+                self._drop_transport()
+                msg = str(exc) or type(exc).__name__
+                code = "timeout" if "timed out" in msg.lower() or "timeout" in type(exc).__name__.lower() else "unreachable"
+                if self.node.name not in msg:
+                    msg = f"node {self.node.name}: {msg}"
+                raise NodeError(self.node.name, msg, code=code) from exc
+        if ok_404 and resp.status_code == 404:
+            return None
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        if resp.status_code >= 400:
+            err = (body or {}).get("error") if isinstance(body, dict) else None
+            err = err if isinstance(err, dict) else {}
+            message = err.get("message") or f"HTTP {resp.status_code}"
+            raise NodeError(self.node.name, f"node {self.node.name}: {message}",
+                            code=err.get("code", "error"), status=resp.status_code, detail=err)
+        return body
+
+    def status(self) -> NodeStatus:
+        """GET /v1/status as a NodeStatus (reachable=True)."""
+        data = self.request("GET", "/v1/status")
+        st = NodeStatus.from_json(data, name=self.name)
+        st.reachable = True
+        return st
+
+    def history(self, uuid: str | None = None, since: int = 0) -> tuple[int, list[GpuSample]]:
+        """GET /v1/telemetry: (cursor, samples with sequence > since), optionally of one GPU."""
+        params: dict[str, Any] = {"since": since}
+        if uuid:
+            params["uuid"] = uuid
+        data = self.request("GET", "/v1/telemetry", params=params)
+        return int(data["cursor"]), [GpuSample.from_json(s) for s in data["samples"]]
+
+    def assign(self, *, request_id: str, generation: int, moves: list[dict[str, str]],
+               leased: str = "refuse") -> dict[str, Any]:
+        """POST /v1/assign; returns the daemon's answer ({"generation", "moved", "pending", "replayed"})."""
+        return self.request("POST", "/v1/assign", json={
+            "request_id": request_id, "generation": generation, "moves": moves, "leased": leased})
+
+    def split(self, *, request_id: str, generation: int, gpu_uuid: str, parts: int) -> dict[str, Any]:
+        """POST /v1/split: split one GPU into `parts` equal slices (none may be leased)."""
+        return self.request("POST", "/v1/split", json={
+            "request_id": request_id, "generation": generation, "gpu_uuid": gpu_uuid, "parts": parts})
+
+    def request_result(self, request_id: str) -> dict[str, Any] | None:
+        """GET /v1/requests/{id}: the answer recorded for that request id, None if never seen."""
+        return self.request("GET", f"/v1/requests/{request_id}", ok_404=True)
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop_transport()
+
+
+@dataclass
+class FanOutResult:
+    """Per-node outcome of a fan-out: values by node name, errors (NodeError) by node name."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    errors: dict[str, NodeError] = field(default_factory=dict)
+
+
+class FleetClient:
+    """Every configured node's NodeClient, with bounded parallel fan-out.
+
+    config: the fleet config (nodes, departments, max_parallel). transport_factory: opens a
+    transport per node (default: `gpuctl.transport.open_transport`). Implements the console's
+    FleetSource protocol. A node still busy with an earlier call is reported as "slow" rather
+    than queued twice.
+    """
+
+    def __init__(self, config: FleetConfig, transport_factory: TransportFactory | None = None):
+        self.config = config
+        self._factory = transport_factory or default_transport_factory()
+        self.clients = {n.name: NodeClient(n, self._factory) for n in config.nodes}
+        self._pool = cf.ThreadPoolExecutor(max_workers=max(1, config.max_parallel),
+                                           thread_name_prefix="gpuctl-node")
+        self._busy: dict[str, cf.Future] = {}
+        self._busy_lock = threading.Lock()
+
+    @property
+    def departments(self) -> list[Department]:
+        """Departments of the fleet config, in config order."""
+        return [Department(d.name, d.priority, d.color) for d in self.config.departments]
+
+    def fan_out(self, fn: Callable[[NodeClient], T], nodes: list[str] | None = None) -> FanOutResult:
+        """Run fn(node_client) on each node (all, or those named) in parallel.
+
+        Waits at most each node's timeout_s (+1 s slack) in all; a node not done by then gets
+        NodeError(code="timeout"). Nodes whose previous call is still running are not called again
+        and get NodeError(code="timeout", "still busy with the previous request").
+        """
+        names = nodes if nodes is not None else list(self.clients)
+        out = FanOutResult()
+        futures: dict[cf.Future, str] = {}
+        with self._busy_lock:
+            for name in names:
+                prev = self._busy.get(name)
+                if prev is not None and not prev.done():
+                    out.errors[name] = NodeError(
+                        name, f"node {name}: still busy with the previous request (slow node)",
+                        code="timeout")
+                    continue
+                fut = self._pool.submit(fn, self.clients[name])
+                self._busy[name] = fut
+                futures[fut] = name
+        if futures:
+            deadline = max(self.clients[n].node.timeout_s for n in futures.values()) + 1.0
+            done, not_done = cf.wait(futures, timeout=deadline)
+            for fut in done:
+                name = futures[fut]
+                exc = fut.exception()
+                if exc is None:
+                    out.values[name] = fut.result()
+                elif isinstance(exc, NodeError):
+                    out.errors[name] = exc
+                else:
+                    out.errors[name] = NodeError(name, f"node {name}: {exc}", code="error")
+            for fut in not_done:
+                name = futures[fut]
+                out.errors[name] = NodeError(
+                    name, f"node {name}: no answer within {deadline - 1.0:g} s", code="timeout")
+        return out
+
+    def snapshot(self, nodes: list[str] | None = None) -> FleetSnapshot:
+        """GET /v1/status of every node (or those named), merged in config order.
+
+        Blocking (network): call it from a worker thread in the console. Unreachable and slow
+        nodes appear with reachable=False and the reason in `error`.
+        """
+        res = self.fan_out(lambda c: c.status(), nodes)
+        names = nodes if nodes is not None else list(self.clients)
+        merged = []
+        for name in names:
+            if name in res.values:
+                merged.append(res.values[name])
+            else:
+                err = res.errors[name]
+                merged.append(NodeStatus(name=name, reachable=False, error=str(err),
+                                         error_code=err.code))
+        return FleetSnapshot(nodes=merged, taken_at_s=time.time())
+
+    def history(self, node: str, uuid: str, since: int = 0) -> tuple[int, list[GpuSample]]:
+        """The daemon's telemetry history of one GPU since a cursor (blocking). Raises NodeError."""
+        return self.clients[node].history(uuid, since)
+
+    def close(self) -> None:
+        """Close every node's connection and the thread pool."""
+        for c in self.clients.values():
+            c.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
