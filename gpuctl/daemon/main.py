@@ -1,0 +1,233 @@
+"""`gpuctld`: the node daemon's command line.
+
+``gpuctld [serve] [options]`` runs the daemon (``serve`` is the default); ``gpuctld bridge ...``
+joins stdin/stdout to the daemon's socket (gpuctl.daemon.bridge, imported only for that), which is
+how the fleet client reaches a node through SSH.
+
+Exit status: 0 after a clean stop (SIGTERM/SIGINT); 1 when the backend cannot start, the socket or
+state directory is taken by another gpuctld, or the socket cannot be bound; 2 for bad options; 3
+when the state file is unusable (named in the message; ``--reset-state`` moves it aside).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from gpuctl.exit_codes import ExitCode
+
+SERVE_USAGE_EPILOG = """\
+other commands:
+  gpuctld bridge ...   join stdin/stdout to the daemon's Unix socket (used through SSH)
+
+environment:
+  GPUCTLD_STATE_DIR    default for --state-dir
+  GPUCTLD_SOCKET       default for --socket
+"""
+
+
+def default_state_dir() -> Path:
+    """$GPUCTLD_STATE_DIR, else /var/lib/gpuctld for root, else $XDG_STATE_HOME/gpuctld
+    (~/.local/state/gpuctld)."""
+    env = os.environ.get("GPUCTLD_STATE_DIR")
+    if env:
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/var/lib/gpuctld")
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "gpuctld"
+
+
+def default_socket_path() -> Path:
+    """$GPUCTLD_SOCKET, else /run/gpuctld/gpuctld.sock for root, else $XDG_RUNTIME_DIR/gpuctld.sock
+    (/tmp/gpuctld-<uid>/gpuctld.sock without XDG_RUNTIME_DIR)."""
+    env = os.environ.get("GPUCTLD_SOCKET")
+    if env:
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/run/gpuctld/gpuctld.sock")
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return Path(runtime) / "gpuctld.sock"
+    return Path(f"/tmp/gpuctld-{os.getuid()}") / "gpuctld.sock"
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be > 0 and <= 3600 seconds, got {text}")
+    return value
+
+
+def _gpu_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"must be 1..64, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``gpuctld [serve]``."""
+    p = argparse.ArgumentParser(
+        prog="gpuctld",
+        description="gpuctl node daemon: GPU telemetry, slice ownership and leases, served on a Unix socket.",
+        epilog=SERVE_USAGE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--backend", choices=("auto", "nvml", "simulated"), default="auto",
+                   help="GPU backend; auto = nvml, and exit with the reason when NVML cannot start (default: auto)")
+    p.add_argument("--gpus", type=_gpu_count, default=8, help="simulated backend: number of GPUs (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="simulated backend: seed of UUIDs and load (default 0)")
+    p.add_argument("--state-dir", type=Path, default=None,
+                   help=f"where the state file lives (default {default_state_dir()})")
+    p.add_argument("--socket", type=Path, default=None, help=f"control socket path (default {default_socket_path()})")
+    p.add_argument("--socket-group", default=None, help="group given to the socket file (mode 0660)")
+    p.add_argument("--interval", type=_positive_float, default=1.0, help="telemetry sampling interval, seconds (default 1)")
+    p.add_argument("--history", type=_positive_float, default=600.0, help="telemetry history kept, seconds (default 600)")
+    p.add_argument("--reset-state", action="store_true",
+                   help="if the state file is unusable, move it aside (state.json.corrupt-<time>) and start fresh")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``gpuctld``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bridge":
+        from gpuctl.daemon.bridge import main as bridge_main
+
+        return bridge_main(argv[1:])
+    if argv and argv[0] == "serve":
+        argv = argv[1:]
+    elif argv and not argv[0].startswith("-"):
+        print(f"gpuctld: unknown command {argv[0]!r}: use 'serve' (default) or 'bridge'", file=sys.stderr)
+        return ExitCode.USAGE
+    args = build_parser().parse_args(argv)
+    return serve_main(args)
+
+
+def _say(message: str) -> None:
+    print(f"gpuctld: {message}", file=sys.stderr, flush=True)
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    """Run the daemon until SIGTERM/SIGINT; returns the exit status (see the module docstring)."""
+    from gpuctl.backends import BackendError, make_backend
+    from gpuctl.daemon.api import ControlApi, SocketInUseError, serve, serve_in_thread
+    from gpuctl.daemon.state import (NodeState, NodeStateManager, StateCorruptError, StateLockedError,
+                                     StateStore, StateWriteError)
+    from gpuctl.daemon.telemetry import Sampler
+
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s gpuctld: %(message)s", force=True)
+    state_dir = args.state_dir or default_state_dir()
+    socket_path = args.socket or default_socket_path()
+
+    store = StateStore(state_dir)
+    try:
+        store.lock()
+    except StateLockedError as e:
+        _say(str(e))
+        return ExitCode.FAILURE
+    except OSError as e:
+        _say(f"cannot use the state directory {state_dir}: {e.strerror or e}")
+        return ExitCode.FAILURE
+    try:
+        try:
+            state = store.load()
+            if args.reset_state:
+                _say(f"--reset-state: the state file {store.path} is fine; kept as it is")
+        except StateCorruptError as e:
+            if not args.reset_state:
+                _say(f"{e}")
+                _say("refusing to start: slice ownership would be lost. Restore the file from a backup, "
+                     "or run gpuctld --reset-state to move it aside and start with every GPU unassigned.")
+                return ExitCode.CONFIG
+            aside = store.move_aside()
+            _say(f"--reset-state: {e}")
+            _say(f"--reset-state: moved it to {aside}; starting with fresh state (every GPU unassigned)")
+            state = NodeState()
+
+        try:
+            if args.backend == "simulated":
+                from gpuctl.backends.simulated import SimulatedBackend
+
+                backend = SimulatedBackend(gpus=args.gpus, seed=args.seed, tick_s=args.interval)
+            else:
+                backend = make_backend(args.backend)
+            gpus = backend.gpus()
+        except BackendError as e:
+            _say(f"backend {args.backend} cannot start: {e} (error code {e.code})")
+            if e.fix:
+                _say(f"fix: {e.fix}")
+            if args.backend == "auto":
+                _say("auto never falls back to the simulated backend; use --backend simulated for a demo node")
+            return ExitCode.FAILURE
+        except ImportError as e:
+            _say(f"backend {args.backend} is not available: {e}")
+            return ExitCode.FAILURE
+
+        try:
+            manager = NodeStateManager(store, state)
+            added = manager.reconcile(gpus)
+        except StateWriteError as e:
+            _say(str(e))
+            backend.close()
+            return ExitCode.FAILURE
+        for sid in added:
+            logging.info("new GPU: slice %s created, owned by nobody (unassigned)", sid)
+        for uuid in sorted(manager.missing_gpus):
+            logging.warning("GPU %s is in the state file but the backend did not report it; "
+                            "its slices and owners are kept and shown as missing", uuid)
+
+        sampler = Sampler(backend, interval_s=args.interval, history_s=args.history)
+        sampler.sample_once()
+        sampler.start()
+        api = ControlApi(backend_name=backend.name, gpus=gpus, sampler=sampler, state=manager)
+        try:
+            server = serve(api, socket_path, group=args.socket_group)
+        except SocketInUseError as e:
+            _say(str(e))
+            sampler.stop()
+            backend.close()
+            return ExitCode.FAILURE
+        except (OSError, KeyError) as e:
+            _say(f"cannot serve on {socket_path}: {e}")
+            sampler.stop()
+            backend.close()
+            return ExitCode.FAILURE
+
+        stop = threading.Event()
+        received: list[int] = []
+
+        def on_signal(signum: int, frame: object) -> None:
+            received.append(signum)
+            stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        serve_in_thread(server)
+        print(f"gpuctld ready: socket={socket_path} backend={backend.name} gpus={len(gpus)}",
+              file=sys.stderr, flush=True)
+        while not stop.wait(0.5):
+            pass
+        name = signal.Signals(received[0]).name if received else "signal"
+        _say(f"{name}: stopping")
+        server.shutdown()
+        server.close()
+        sampler.stop()
+        backend.close()
+        _say(f"stopped (generation {manager.generation}, socket {socket_path} removed)")
+        return ExitCode.OK
+    finally:
+        store.unlock()
