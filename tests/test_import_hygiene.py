@@ -1,0 +1,34 @@
+"""The headless core never imports textual (checked in a fresh interpreter per module)."""
+
+import subprocess
+import sys
+
+import pytest
+
+HEADLESS = [
+    "gpuctl.model",
+    "gpuctl.exit_codes",
+    "gpuctl.config",
+    "gpuctl.backends",
+    "gpuctl.backends.simulated",
+    "gpuctl.backends.nvml",
+    "gpuctl.daemon.state",
+    "gpuctl.daemon.telemetry",
+    "gpuctl.daemon.api",
+    "gpuctl.daemon.main",
+    "gpuctl.daemon.bridge",
+    "gpuctl.transport",
+    "gpuctl.client",
+    "gpuctl.reassign",
+    "gpuctl.cli",
+    "gpuctl.demo",
+    "gpuctl.fleet_source",
+]
+
+
+@pytest.mark.parametrize("module", HEADLESS)
+def test_headless_module_does_not_import_textual(module):
+    code = f"import sys, {module}; print('textual' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", f"{module} pulls in textual"
