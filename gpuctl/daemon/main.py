@@ -19,6 +19,7 @@ import sys
 import threading
 from pathlib import Path
 
+from gpuctl.daemon import paths
 from gpuctl.exit_codes import ExitCode
 
 SERVE_USAGE_EPILOG = """\
@@ -44,17 +45,10 @@ def default_state_dir() -> Path:
 
 
 def default_socket_path() -> Path:
-    """$GPUCTLD_SOCKET, else /run/gpuctld/gpuctld.sock for root, else $XDG_RUNTIME_DIR/gpuctld.sock
-    (/tmp/gpuctld-<uid>/gpuctld.sock without XDG_RUNTIME_DIR)."""
-    env = os.environ.get("GPUCTLD_SOCKET")
-    if env:
-        return Path(env)
-    if os.geteuid() == 0:
-        return Path("/run/gpuctld/gpuctld.sock")
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return Path(runtime) / "gpuctld.sock"
-    return Path(f"/tmp/gpuctld-{os.getuid()}") / "gpuctld.sock"
+    """The control socket's default path: the rule shared with the bridge and the CLI
+    (:func:`gpuctl.daemon.paths.default_socket_path`: $GPUCTLD_SOCKET, else
+    /run/gpuctld/gpuctld.sock for root, else $XDG_RUNTIME_DIR/gpuctld.sock)."""
+    return Path(paths.default_socket_path())
 
 
 def _positive_float(text: str) -> float:
@@ -168,7 +162,7 @@ def serve_main(args: argparse.Namespace) -> int:
             gpus = backend.gpus()
         except BackendError as e:
             _say(f"backend {args.backend} cannot start: {e} (error code {e.code})")
-            if e.fix:
+            if e.fix and e.fix not in str(e):
                 _say(f"fix: {e.fix}")
             if args.backend == "auto":
                 _say("auto never falls back to the simulated backend; use --backend simulated for a demo node")
