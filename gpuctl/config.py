@@ -47,7 +47,6 @@ __all__ = [
     "Location",
     "NodeConfig",
     "TRANSPORTS",
-    "UnknownNameError",
     "default_config_path",
     "load_config",
     "parse_config",
@@ -116,16 +115,6 @@ class ConfigError(Exception):
             parts.append(self.key)
         parts.append(self.message)
         return ": ".join(parts)
-
-
-class UnknownNameError(KeyError):
-    """Raised by :meth:`FleetConfig.node` / :meth:`FleetConfig.department` for a name not in the config.
-
-    ``str()`` is a readable sentence (KeyError's default would only quote the name).
-    """
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else "unknown name"
 
 
 @dataclass(frozen=True)
@@ -202,22 +191,14 @@ class FleetConfig:
     refresh_s: float = 1.0
     max_parallel: int = 16
 
-    def node(self, name: str) -> NodeConfig:
-        """The node called `name`. Raises :class:`UnknownNameError` (a KeyError) naming the known nodes."""
-        for n in self.nodes:
-            if n.name == name:
-                return n
-        known = ", ".join(n.name for n in self.nodes) or "none"
-        raise UnknownNameError(f"no node {name!r} in {self.path} (known: {known})")
+    def node(self, name: str) -> NodeConfig | None:
+        """The node called `name`, or None when the config has no such node."""
+        return next((n for n in self.nodes if n.name == name), None)
 
-    def department(self, name: str) -> DepartmentConfig:
-        """The department called `name`. Raises :class:`UnknownNameError` (a KeyError) naming the known
-        departments ("unassigned" is never configured, so it raises too)."""
-        for d in self.departments:
-            if d.name == name:
-                return d
-        known = ", ".join(d.name for d in self.departments) or "none"
-        raise UnknownNameError(f"no department {name!r} in {self.path} (known: {known})")
+    def department(self, name: str) -> DepartmentConfig | None:
+        """The department called `name`, or None when the config has none ("unassigned" is never
+        configured, so it gives None too)."""
+        return next((d for d in self.departments if d.name == name), None)
 
 
 def default_config_path() -> Path:
