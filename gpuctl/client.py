@@ -250,6 +250,13 @@ class FleetClient:
         """The daemon's telemetry history of one GPU since a cursor (blocking). Raises NodeError."""
         return self.clients[node].history(uuid, since)
 
+    def reassign(self, request: Any) -> Any:
+        """Plan and execute a `gpuctl.reassign.ReassignRequest` (blocking); the console's path to
+        the same service as `gpuctl reassign`. Returns a ReassignResult; raises ReassignError."""
+        from gpuctl.reassign import reassign
+
+        return reassign(self, request)
+
     def close(self) -> None:
         """Close every node's connection and the thread pool."""
         for c in self.clients.values():
