@@ -442,7 +442,7 @@ class NodeStateManager:
             return None
         if entry["op"] != op:
             raise RequestIdReused(
-                f"request id {request_id!r} was already used for a {entry['op']} request; "
+                f"request id {request_id!r} was already used by an earlier {entry['op']} request; "
                 f"use a new request id for this {op}",
                 field="request_id",
             )
