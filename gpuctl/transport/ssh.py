@@ -1,0 +1,473 @@
+"""SshTransport: reach a node's gpuctld through the node's sshd (paramiko), one SSH connection per node.
+
+The SSH connection is opened on the first request and kept; each HTTP connection is an exec
+channel running ``gpuctld bridge [--socket PATH]`` on the node (see gpuctl.daemon.bridge), which
+joins the channel to the daemon's Unix socket. Channels are kept alive and reused by the httpcore
+pool (gpuctl.transport.channel_http). A dead SSH connection is re-opened once on the next request.
+
+Host resolution follows ~/.ssh/config like ``ssh -G`` (gpuctl.transport.sshconfig, Include
+followed); host keys are checked against known_hosts (gpuctl.transport.knownhosts); keys come from
+the ssh-agent and identity files (gpuctl.transport.sshkeys). Every step has the node's timeout_s.
+Every failure is a TransportError naming the node and host:port.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import threading
+import time
+from typing import Any, Protocol
+
+import httpx
+import paramiko
+
+from gpuctl.transport.channel_http import ChannelHttpTransport
+from gpuctl.transport.errors import TransportError, describe_os_error, transport_error
+from gpuctl.transport.knownhosts import (
+    KnownHosts,
+    blob_key_type,
+    fingerprint_sha256,
+    host_entry_name,
+    key_type_label,
+)
+from gpuctl.transport.local import BASE_URL
+from gpuctl.transport.sshconfig import SshConfigError, SshHost, load_config, parse_jump, resolve_host
+from gpuctl.transport.sshkeys import KeyLoadError, load_private_key, public_blob
+
+#: known_hosts file of the user, used when no path is given.
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+#: System-wide known_hosts, consulted (read-only) together with the default user file.
+SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
+#: The bridge's line on stderr once it is joined to the socket (gpuctl.daemon.bridge.READY_LINE_PREFIX;
+#: repeated here so the transport layer does not import the daemon package; a test keeps them equal).
+READY_LINE_PREFIX = "gpuctld bridge: connected to "
+#: Seconds between SSH keepalives when the ssh config sets no ServerAliveInterval.
+DEFAULT_KEEPALIVE_S = 30
+
+
+class NodeLike(Protocol):
+    """What the transports read from a node config (gpuctl.config.NodeConfig has these)."""
+
+    name: str
+    host: str
+    user: str | None
+    port: int | None
+    identity_file: str | None
+    socket: str | None
+    transport: str
+    gpuctld: str
+    timeout_s: float
+
+
+class _StepError(Exception):
+    """A failed connection step: message (no node prefix) and TransportError code."""
+
+    def __init__(self, message: str, code: str = "unreachable"):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def bridge_command(gpuctld: str, socket_path: str | None) -> str:
+    """The remote command line: ``<gpuctld words> bridge [--socket PATH]``, every word shell-quoted.
+
+    gpuctld: the daemon's command as shell-like words (e.g. "gpuctld" or "sudo -n /opt/gpuctld",
+    split with shlex). Raises ValueError for unbalanced quotes.
+    """
+    words = shlex.split(gpuctld) + ["bridge"]
+    if socket_path is not None:
+        words += ["--socket", socket_path]
+    return shlex.join(words)
+
+
+def _preferred_key_types(known_types: list[str], offered: tuple[str, ...]) -> tuple[str, ...]:
+    """Host key algorithms with those matching known_hosts first (so the check compares like with like)."""
+    first: list[str] = []
+    for key_type in known_types:
+        algorithms = ["rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"] if key_type == "ssh-rsa" else [key_type]
+        first += [a for a in algorithms if a in offered and a not in first]
+    return tuple(first + [a for a in offered if a not in first])
+
+
+class SshTransport:
+    """HTTP to a node's gpuctld over SSH.
+
+    node: any object with NodeLike's attributes. ssh_config_path: ssh config (default
+    ~/.ssh/config); include_dir: base of relative Includes (default ~/.ssh). known_hosts_path:
+    the user's known_hosts (default ~/.ssh/known_hosts, plus /etc/ssh/ssh_known_hosts read-only).
+    accept_new_host_key: add an unknown host key to known_hosts (never a changed one).
+    passphrase: for encrypted identity files. use_agent: try the ssh-agent ($SSH_AUTH_SOCK).
+
+    Nothing touches the network until the first request. Attributes for diagnostics:
+    ``connections_opened`` (SSH connections made), ``channels_opened`` (bridge channels).
+    """
+
+    def __init__(
+        self,
+        node: NodeLike,
+        *,
+        ssh_config_path: str | None = None,
+        include_dir: str | None = None,
+        known_hosts_path: str | None = None,
+        accept_new_host_key: bool = False,
+        passphrase: str | None = None,
+        use_agent: bool = True,
+    ):
+        self.node = node
+        self.timeout_s = float(node.timeout_s)
+        self._ssh_config_path = ssh_config_path
+        self._include_dir = include_dir
+        self._known_hosts_path = known_hosts_path
+        self._accept_new_host_key = accept_new_host_key
+        self._passphrase = passphrase
+        self._use_agent = use_agent
+        self._lock = threading.RLock()
+        self._host: SshHost | None = None
+        self._config: paramiko.SSHConfig | None = None
+        self._ssh: paramiko.Transport | None = None
+        self._hops: list[paramiko.Transport] = []
+        self._client: httpx.Client | None = None
+        self._http: ChannelHttpTransport | None = None
+        self.connections_opened = 0
+        self.channels_opened = 0
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def address(self) -> str:
+        """``host:port`` this node resolves to (the node's host name before resolution succeeds)."""
+        return self._host.address if self._host else str(self.node.host)
+
+    def resolve(self) -> SshHost:
+        """The node's SSH target after ~/.ssh/config and the node's own user/port/identity_file.
+
+        Raises TransportError (code "config") when the ssh config cannot be used.
+        """
+        if self._host is None:
+            try:
+                self._config = load_config(self._ssh_config_path, include_dir=self._include_dir)
+                self._host = resolve_host(
+                    self.node.host,
+                    config=self._config,
+                    user=self.node.user,
+                    port=self.node.port,
+                    identity_file=self.node.identity_file,
+                )
+            except SshConfigError as exc:
+                raise TransportError(self.node.name, str(exc), address=self.address, code="config") from exc
+        return self._host
+
+    def http_client(self) -> httpx.Client:
+        """The node's httpx.Client (base_url "http://gpuctld", keep-alive, timeout timeout_s); the same each call.
+
+        Requests raise TransportError on any failure to reach the daemon.
+        """
+        with self._lock:
+            if self._client is None:
+                self._http = ChannelHttpTransport(self._open_bridge_channel, self.error)
+                self._client = httpx.Client(transport=self._http, base_url=BASE_URL, timeout=self.timeout_s)
+            return self._client
+
+    def error(self, exc: BaseException) -> TransportError:
+        """`exc` (from a request on this node) as a TransportError naming the node and host:port."""
+        return transport_error(self.node.name, exc, address=self.address, timeout_s=self.timeout_s)
+
+    def close(self) -> None:
+        """Close the client, its channels and the SSH connection (and jump hosts); safe to call twice."""
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+                self._http = None
+            self._drop_ssh()
+
+    # ------------------------------------------------------------------ connection
+
+    def _fail(self, message: str, code: str = "unreachable") -> TransportError:
+        return TransportError(self.node.name, message, address=self.address, code=code)
+
+    def _drop_ssh(self) -> None:
+        for t in [self._ssh, *reversed(self._hops)]:
+            if t is not None:
+                t.close()
+        self._ssh = None
+        self._hops = []
+
+    def _ensure_connected(self) -> paramiko.Transport:
+        with self._lock:
+            if self._ssh is not None and self._ssh.is_active():
+                return self._ssh
+            self._drop_ssh()
+            host = self.resolve()
+            hops: list[paramiko.Transport] = []
+            try:
+                sock = self._first_socket(host, hops)
+                self._ssh = self._start_ssh(sock, host)
+            except _StepError as exc:
+                for t in reversed(hops):
+                    t.close()
+                raise self._fail(exc.message, exc.code) from exc
+            self._hops = hops
+            self.connections_opened += 1
+            return self._ssh
+
+    def _first_socket(self, host: SshHost, hops: list[paramiko.Transport]) -> Any:
+        """A connected socket-like object to `host`: direct TCP, ProxyCommand, or through its ProxyJump hops."""
+        if host.proxy_jump:
+            previous: paramiko.Transport | None = None
+            for spec in host.proxy_jump:
+                user, name, port = parse_jump(spec)
+                jump = resolve_host(name, config=self._config, user=user, port=port)
+                try:
+                    sock = self._tcp(jump) if previous is None else self._direct_tcpip(previous, jump)
+                    previous = self._start_ssh(sock, jump)
+                except _StepError as exc:
+                    raise _StepError(f"jump host {jump.alias} ({jump.address}): {exc.message}", exc.code) from exc
+                hops.append(previous)
+            return self._direct_tcpip(previous, host)
+        if host.proxy_command:
+            try:
+                return paramiko.ProxyCommand(host.proxy_command)
+            except (OSError, paramiko.SSHException) as exc:
+                raise _StepError(f"ProxyCommand {host.proxy_command!r} failed: {exc}") from exc
+        return self._tcp(host)
+
+    def _tcp(self, host: SshHost) -> socket.socket:
+        timeout = host.connect_timeout_s or self.timeout_s
+        try:
+            return socket.create_connection((host.hostname, host.port), timeout=timeout)
+        except (socket.timeout, TimeoutError) as exc:
+            raise _StepError(f"timed out after {timeout:g} s connecting", "timeout") from exc
+        except OSError as exc:
+            raise _StepError(describe_os_error(exc)) from exc
+
+    def _direct_tcpip(self, via: paramiko.Transport, host: SshHost) -> paramiko.Channel:
+        try:
+            return via.open_channel(
+                "direct-tcpip", (host.hostname, host.port), ("127.0.0.1", 0), timeout=self.timeout_s
+            )
+        except paramiko.ChannelException as exc:
+            raise _StepError(f"the jump host could not reach {host.address}: {exc.text}") from exc
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise _StepError(f"the jump host could not open a channel to {host.address}: {exc}") from exc
+
+    def _start_ssh(self, sock: Any, host: SshHost) -> paramiko.Transport:
+        """SSH handshake, host key check and authentication over `sock`; closes it on failure."""
+        t = paramiko.Transport(sock)
+        t.banner_timeout = self.timeout_s
+        t.handshake_timeout = self.timeout_s
+        t.auth_timeout = self.timeout_s
+        try:
+            known = self._known_hosts()
+            name = host.host_key_alias or host_entry_name(host.hostname, host.port)
+            options = t.get_security_options()
+            options.key_types = _preferred_key_types(known.known_key_types(name), tuple(options.key_types))
+            try:
+                t.start_client(timeout=self.timeout_s)
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                cause = exc.__cause__ or exc.__context__
+                text = str(exc)
+                if isinstance(cause, (socket.timeout, TimeoutError)) or "timed out" in text.lower() or "timeout" in text.lower():
+                    raise _StepError(f"timed out after {self.timeout_s:g} s waiting for the SSH server", "timeout") from exc
+                if "banner" in text.lower():
+                    raise _StepError(f"no SSH server answered ({text})") from exc
+                raise _StepError(f"SSH handshake failed: {text or type(exc).__name__}") from exc
+            self._check_host_key(t, host, known, name)
+            self._authenticate(t, host)
+            t.set_keepalive(int(host.server_alive_interval_s or DEFAULT_KEEPALIVE_S))
+            return t
+        except BaseException:
+            t.close()
+            raise
+
+    # ------------------------------------------------------------------ host keys
+
+    def _known_hosts(self) -> KnownHosts:
+        if self._known_hosts_path is not None:
+            return KnownHosts(self._known_hosts_path)
+        return KnownHosts(DEFAULT_KNOWN_HOSTS, (SYSTEM_KNOWN_HOSTS,))
+
+    def _check_host_key(self, t: paramiko.Transport, host: SshHost, known: KnownHosts, name: str) -> None:
+        key = t.get_remote_server_key()
+        blob = key.asbytes()
+        key_type = blob_key_type(blob)
+        fingerprint = fingerprint_sha256(blob)
+        label = key_type_label(key_type)
+        result = known.check(name, blob)
+        if result.status == "ok":
+            return
+        if result.status == "revoked":
+            raise _StepError(
+                f"the host key of {host.address} ({label} {fingerprint}) is REVOKED in {result.line.where}: refusing to connect",
+                "host_key_changed",
+            )
+        if result.status == "changed":
+            raise _StepError(
+                f"HOST KEY FOR {host.address} HAS CHANGED: it is now {label} {fingerprint}, not the key in "
+                f"{result.line.where}; possible man-in-the-middle; remove the old key from {result.line.where} "
+                f"if the change is expected (ssh-keygen -R '{name}' -f {result.line.path})",
+                "host_key_changed",
+            )
+        if self._accept_new_host_key:
+            try:
+                known.add(name, key_type, blob)
+            except OSError as exc:
+                raise _StepError(f"cannot add the host key to {known.path}: {exc.strerror}", "config") from exc
+            return
+        others = (
+            f"; {known.path} holds only keys of other types for it ({', '.join(result.other_types)})"
+            if result.other_types
+            else ""
+        )
+        raise _StepError(
+            f"host key is not known: {label} key fingerprint is {fingerprint}{others}; check it with the "
+            f"node's admin (ssh-keygen -lf /etc/ssh/ssh_host_{label.lower()}_key.pub on the node), then run "
+            f"again with --accept-new-host-key to add it to {known.path}",
+            "host_key_unknown",
+        )
+
+    # ------------------------------------------------------------------ authentication
+
+    def _authenticate(self, t: paramiko.Transport, host: SshHost) -> None:
+        agent = paramiko.Agent() if self._use_agent else None
+        try:
+            agent_keys = list(agent.get_keys()) if agent else []
+        except paramiko.SSHException:
+            agent_keys = []
+        try:
+            candidates: list[tuple[str, paramiko.PKey]] = []
+            problems: list[KeyLoadError] = []
+            used: set[bytes] = set()
+            for path in host.identity_files:
+                if not host.identity_files_given and not os.path.exists(path):
+                    continue
+                blob = public_blob(path)
+                in_agent = [k for k in agent_keys if blob is not None and k.asbytes() == blob]
+                if in_agent:
+                    candidates.append((f"{path} (agent)", in_agent[0]))
+                    used.add(in_agent[0].asbytes())
+                    continue
+                try:
+                    key = load_private_key(path, self._passphrase)
+                except KeyLoadError as exc:
+                    problems.append(exc)
+                    continue
+                candidates.append((path, key))
+                used.add(key.asbytes())
+            if not host.identities_only:
+                for k in agent_keys:
+                    if k.asbytes() not in used:
+                        comment = getattr(k, "comment", "") or ""
+                        candidates.append((f"agent key {fingerprint_sha256(k.asbytes())} {comment}".strip(), k))
+            tried: list[str] = []
+            for label, key in candidates:
+                try:
+                    t.auth_publickey(host.user, key)
+                except paramiko.BadAuthenticationType as exc:
+                    raise _StepError(
+                        f"authentication failed: the server does not accept keys for user {host.user} "
+                        f"(it allows: {', '.join(exc.allowed_types) or 'nothing'})",
+                        "auth",
+                    ) from exc
+                except paramiko.AuthenticationException as exc:
+                    if "timeout" in str(exc).lower():
+                        raise _StepError(f"timed out after {self.timeout_s:g} s authenticating", "timeout") from exc
+                    tried.append(label)
+                    continue
+                except (paramiko.SSHException, EOFError, OSError) as exc:
+                    if not t.is_active():
+                        raise _StepError(f"connection lost while authenticating: {exc}") from exc
+                    tried.append(f"{label} ({exc})")
+                    continue
+                if t.is_authenticated():
+                    return
+            key_problems = "; ".join(str(p) for p in problems)
+            if not tried and problems:
+                raise _StepError(f"{key_problems} (authentication failed for user {host.user}: no other key to try)", "key")
+            tried_text = ", ".join(tried) if tried else "none: no agent keys and no identity files"
+            message = f"authentication failed for user {host.user} (tried keys: {tried_text})"
+            raise _StepError(f"{message}; {key_problems}" if problems else message, "auth")
+        finally:
+            if agent is not None:
+                agent.close()
+
+    # ------------------------------------------------------------------ the bridge channel
+
+    def _open_bridge_channel(self, timeout: float | None = None) -> paramiko.Channel:
+        """A new exec channel running the bridge, after its ready line; raises TransportError."""
+        try:
+            command = bridge_command(self.node.gpuctld, self.node.socket)
+        except ValueError as exc:
+            raise self._fail(f"gpuctld command {self.node.gpuctld!r} is not valid: {exc}", "config") from exc
+        for attempt in (1, 2):
+            t = self._ensure_connected()
+            try:
+                channel = t.open_session(timeout=self.timeout_s)
+                break
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                with self._lock:
+                    if self._ssh is t:
+                        self._drop_ssh()
+                if attempt == 2:
+                    raise self._fail(f"cannot open an SSH channel: {exc or type(exc).__name__}") from exc
+        self.channels_opened += 1
+        try:
+            self._exec(channel, command)
+            self._wait_ready(channel, command)
+        except BaseException:
+            channel.close()
+            raise
+        return channel
+
+    def _exec(self, channel: paramiko.Channel, command: str) -> None:
+        # paramiko's exec_command waits for the server's reply without a timeout: close the
+        # channel after timeout_s to end the wait.
+        timer = threading.Timer(self.timeout_s, channel.close)
+        timer.daemon = True
+        timer.start()
+        try:
+            channel.exec_command(command)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            if channel.closed:
+                raise self._fail(f"timed out after {self.timeout_s:g} s starting `{command}`", "timeout") from exc
+            raise self._fail(f"the node refused to run `{command}`: {exc}", "daemon") from exc
+        finally:
+            timer.cancel()
+
+    def _wait_ready(self, channel: paramiko.Channel, command: str) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        stderr = b""
+        ready = READY_LINE_PREFIX.encode()
+        while ready not in stderr:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._fail(f"timed out after {self.timeout_s:g} s waiting for `{command}` to start", "timeout")
+            channel.settimeout(remaining)
+            try:
+                data = channel.recv_stderr(4096)
+            except socket.timeout:
+                continue
+            if not data:
+                raise self._bridge_failed(channel, command, stderr, deadline)
+            stderr += data
+        channel.settimeout(None)
+
+    def _bridge_failed(self, channel: paramiko.Channel, command: str, stderr: bytes, deadline: float) -> TransportError:
+        channel.status_event.wait(max(0.0, deadline - time.monotonic()))
+        status = channel.exit_status if channel.exit_status_ready() else None
+        lines = [ln.strip() for ln in stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
+        for line in lines:
+            if "gpuctld is not running on this node" in line or line.startswith("permission denied on"):
+                return self._fail(line, "daemon")
+        program = shlex.split(self.node.gpuctld)[0] if self.node.gpuctld.strip() else "gpuctld"
+        if status == 127 or any("not found" in ln or "No such file" in ln for ln in lines):
+            return self._fail(
+                f"gpuctld is not installed on this node ({program!r} not found): install it "
+                "(gpuctl node bootstrap) or set gpuctld = PATH for this node in the fleet config",
+                "daemon",
+            )
+        last = lines[-1] if lines else "no message"
+        how = f"exit status {status}" if status is not None else "no exit status"
+        return self._fail(f"`{command}` failed ({how}): {last}", "daemon")
