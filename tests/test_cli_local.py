@@ -1,0 +1,155 @@
+"""The real `gpuctl` CLI against two real simulated gpuctld processes on local Unix sockets.
+
+(The same flows over real sshd are in test_integration_ssh.py.)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from daemon_proc import start_daemon
+from gpuctl.backends.simulated import MEMORY_TOTAL_BYTES
+from fleet_fixtures import daemon_slices, owners, run_cli
+
+CONFIG = """
+[[department]]
+name = "research"
+priority = 10
+
+[[department]]
+name = "training"
+priority = 20
+
+[[node]]
+name = "n1"
+transport = "local"
+socket = "{s1}"
+
+[[node]]
+name = "n2"
+transport = "local"
+socket = "{s2}"
+"""
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    d1 = start_daemon(tmp_path, gpus=4, seed=11, name="n1")
+    d2 = start_daemon(tmp_path, gpus=4, seed=12, name="n2")
+    cfg = tmp_path / "fleet.toml"
+    cfg.write_text(CONFIG.format(s1=d1.socket_path, s2=d2.socket_path))
+    try:
+        yield cfg, d1, d2
+    finally:
+        d1.stop()
+        d2.stop()
+
+
+def test_status_json_shape_and_values(fleet):
+    cfg, d1, d2 = fleet
+    r = run_cli("status", "--json", "--config", str(cfg))  # global flags after the verb
+    assert r.code == 0, r.stderr
+    doc = r.json
+    assert [n["name"] for n in doc["nodes"]] == ["n1", "n2"]
+    for n in doc["nodes"]:
+        assert n["reachable"] is True and n["error"] is None
+        assert len(n["gpus"]) == 4
+        for g in n["gpus"]:
+            assert g["uuid"].startswith("GPU-")
+            assert g["memory_total_bytes"] == MEMORY_TOTAL_BYTES
+            assert 0 <= g["sm_util_pct"] <= 100
+            assert g["slices"] == [{**g["slices"][0], "fraction": 1.0, "department": "unassigned",
+                                    "leased": False}]
+    # the same figures the daemon holds
+    direct = daemon_slices(d1.socket_path)
+    assert {s["id"] for g in doc["nodes"][0]["gpus"] for s in g["slices"]} == set(direct)
+    # flags before the verb work too
+    r2 = run_cli("--json", "--config", str(cfg), "status", "--node", "n2")
+    assert r2.code == 0 and [n["name"] for n in r2.json["nodes"]] == ["n2"]
+
+
+def test_reassign_moves_then_replay_moves_nothing_more(fleet):
+    cfg, d1, d2 = fleet
+    args = ("--config", str(cfg), "reassign", "--from", "unassigned", "--to", "research",
+            "--count", "2", "--yes", "--request-id", "req-1", "--json")
+    r = run_cli(*args)
+    assert r.code == 0, r.stderr
+    assert len(r.json["moved"]) == 2
+    # fewest nodes: both on one node
+    assert len({m["node"] for m in r.json["moved"]}) == 1
+    total = {**owners(d1.socket_path)}
+    for k, v in owners(d2.socket_path).items():
+        total[k] = total.get(k, 0) + v
+    assert total == {"research": 2, "unassigned": 6}
+    again = run_cli(*args)
+    assert again.code == 0, again.stderr
+    assert again.json["moved"] == [] and len(again.json["already"]) == 2
+    total2 = {**owners(d1.socket_path)}
+    for k, v in owners(d2.socket_path).items():
+        total2[k] = total2.get(k, 0) + v
+    assert total2 == total
+
+
+def test_reassign_without_tty_needs_yes_and_changes_nothing(fleet):
+    cfg, d1, d2 = fleet
+    before = (daemon_slices(d1.socket_path), daemon_slices(d2.socket_path))
+    r = run_cli("--config", str(cfg), "reassign", "--from", "unassigned", "--to", "research", "--count", "1")
+    assert r.code == 2
+    assert "pass --yes" in r.stderr
+    assert r.stdout == ""
+    assert (daemon_slices(d1.socket_path), daemon_slices(d2.socket_path)) == before
+
+
+def test_reassign_shortfall_exit_code_and_message(fleet):
+    cfg, d1, d2 = fleet
+    before = daemon_slices(d1.socket_path)
+    r = run_cli("--config", str(cfg), "reassign", "--from", "research", "--to", "training", "--count", "1",
+                "--yes")
+    assert r.code == 4
+    assert "only 0 idle slice(s) of research can move, 1 asked" in r.stderr
+    assert daemon_slices(d1.socket_path) == before
+
+
+def test_dry_run_changes_nothing(fleet):
+    cfg, d1, d2 = fleet
+    before = daemon_slices(d1.socket_path)
+    r = run_cli("--config", str(cfg), "--json", "reassign", "--from", "unassigned", "--to", "training",
+                "--gpus", "3", "--dry-run")
+    assert r.code == 0, r.stderr
+    assert len(r.json["planned"]) == 3 and r.json["moved"] == []
+    assert daemon_slices(d1.socket_path) == before
+
+
+def test_unreachable_node_leaves_others_intact(fleet):
+    cfg, d1, d2 = fleet
+    d2.stop()
+    r = run_cli("--config", str(cfg), "--json", "status")
+    assert r.code == 7
+    n1, n2 = r.json["nodes"]
+    assert n1["reachable"] is True and len(n1["gpus"]) == 4
+    assert n2["reachable"] is False and "n2" in n2["error"] and n2["gpus"] == []
+    assert "node n2 unreachable" in r.stderr
+
+
+def test_departments_counts_gpu_equivalents(fleet):
+    cfg, d1, d2 = fleet
+    assert run_cli("--config", str(cfg), "reassign", "--from", "unassigned", "--to", "training",
+                   "--count", "3", "--yes").code == 0
+    r = run_cli("--config", str(cfg), "departments", "--json")
+    assert r.code == 0, r.stderr
+    rows = {d["name"]: d for d in r.json["departments"]}
+    assert rows["training"]["gpu_equivalents"] == 3.0
+    assert rows["unassigned"]["gpu_equivalents"] == 5.0
+    assert rows["research"]["gpu_equivalents"] == 0.0
+
+
+def test_usage_and_config_errors(tmp_path):
+    r = run_cli("reassign", "--from", "a")
+    assert r.code == 2 and "--to" in r.stderr
+    missing = tmp_path / "nope.toml"
+    r = run_cli("--config", str(missing), "status")
+    assert r.code == 3 and f"no fleet config at {missing}" in r.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[node]]\nname = "x"\nport = "abc"\nhost = "h"\n')
+    r = run_cli("--config", str(bad), "status", "--json")
+    assert r.code == 3 and f"{bad}:3" in r.stderr and r.stdout == ""
