@@ -401,6 +401,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
         except ValueError:
             phrase = "error"
         text = message or phrase
+        if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":
+            self.request_version = "HTTP/1.1"  # answer with a status line and headers, whatever was sent
         self._send(code, ApiError(code, "bad_http", f"{phrase}: {text}").to_json(), close=True)
         self._log(code, 0.0, "")
 
@@ -516,8 +518,10 @@ def serve(api: ControlApi, socket_path: str | os.PathLike, *, group: str | None 
     return server
 
 
-def serve_in_thread(server: ApiServer) -> threading.Thread:
-    """Run ``server.serve_forever`` on a daemon thread and return it."""
-    t = threading.Thread(target=server.serve_forever, name="gpuctld-api", daemon=True)
+def serve_in_thread(server: ApiServer, poll_interval_s: float = 0.2) -> threading.Thread:
+    """Run ``server.serve_forever`` on a daemon thread and return it; ``server.shutdown()`` takes up
+    to `poll_interval_s` seconds to be noticed."""
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": poll_interval_s},
+                         name="gpuctld-api", daemon=True)
     t.start()
     return t

@@ -213,7 +213,7 @@ def serve_main(args: argparse.Namespace) -> int:
         serve_in_thread(server)
         print(f"gpuctld ready: socket={socket_path} backend={backend.name} gpus={len(gpus)}",
               file=sys.stderr, flush=True)
-        while not stop.wait(0.5):
+        while not stop.wait(0.2):
             pass
         name = signal.Signals(received[0]).name if received else "signal"
         _say(f"{name}: stopping")
