@@ -140,6 +140,12 @@ class SshTransport:
         """``host:port`` this node resolves to (the node's host name before resolution succeeds)."""
         return self._host.address if self._host else str(self.node.host)
 
+    @property
+    def jump_hosts(self) -> list[str]:
+        """``host:port`` of the ProxyJump hops of the open SSH connection, in order ([] when direct)."""
+        with self._lock:
+            return [f"{t.getpeername()[0]}:{t.getpeername()[1]}" for t in self._hops]
+
     def resolve(self) -> SshHost:
         """The node's SSH target after ~/.ssh/config and the node's own user/port/identity_file.
 
@@ -274,6 +280,9 @@ class SshTransport:
                 if "banner" in text.lower():
                     raise _StepError(f"no SSH server answered ({text})") from exc
                 raise _StepError(f"SSH handshake failed: {text or type(exc).__name__}") from exc
+            if not t.is_active() or not t.initial_kex_done:
+                # start_client returns quietly when its timeout passes before the key exchange ends
+                raise _StepError(f"timed out after {self.timeout_s:g} s waiting for the SSH server", "timeout")
             self._check_host_key(t, host, known, name)
             self._authenticate(t, host)
             t.set_keepalive(int(host.server_alive_interval_s or DEFAULT_KEEPALIVE_S))
