@@ -573,3 +573,13 @@ def test_nvml_backend_that_cannot_start_exits_with_the_reason(tmp_path):
     assert p.returncode == 1
     assert "gpuctld: backend auto cannot start:" in p.stderr and "fix:" in p.stderr
     assert "auto never falls back to the simulated backend" in p.stderr
+
+
+def test_unknown_socket_group_is_refused_and_leaves_no_socket(tmp_path, sockdir):
+    backend = SimulatedBackend(gpus=1)
+    api = ControlApi(backend_name="simulated", gpus=backend.gpus(), sampler=Sampler(backend),
+                     state=NodeStateManager(StateStore(tmp_path)))
+    path = sockdir / "g.sock"
+    with pytest.raises(ValueError, match=r"no group 'no-such-group-x' on this node for the socket \(create it: groupadd no-such-group-x\)"):
+        serve(api, path, group="no-such-group-x")
+    assert not path.exists()

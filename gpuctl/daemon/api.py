@@ -504,7 +504,7 @@ def prepare_socket_path(path: Path) -> None:
 def serve(api: ControlApi, socket_path: str | os.PathLike, *, group: str | None = None) -> ApiServer:
     """Bind the control API on `socket_path` (mode 0660, group `group` when given) and return the
     server, not yet serving: run ``server.serve_forever()`` in a thread, ``server.shutdown()`` and
-    ``server.close()`` to stop. Raises SocketInUseError, OSError, KeyError (unknown group)."""
+    ``server.close()`` to stop. Raises SocketInUseError, OSError, ValueError (unknown group)."""
     path = Path(socket_path)
     prepare_socket_path(path)
     old_umask = os.umask(0o117)  # the socket is created 0660, never wider even for a moment
@@ -514,7 +514,12 @@ def serve(api: ControlApi, socket_path: str | os.PathLike, *, group: str | None 
         os.umask(old_umask)
     os.chmod(path, SOCKET_MODE)
     if group is not None:
-        os.chown(path, -1, grp.getgrnam(group).gr_gid)
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            server.close()
+            raise ValueError(f"no group {group!r} on this node for the socket (create it: groupadd {group})") from None
+        os.chown(path, -1, gid)
     return server
 
 

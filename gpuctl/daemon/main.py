@@ -195,7 +195,7 @@ def serve_main(args: argparse.Namespace) -> int:
             sampler.stop()
             backend.close()
             return ExitCode.FAILURE
-        except (OSError, KeyError) as e:
+        except (OSError, ValueError) as e:
             _say(f"cannot serve on {socket_path}: {e}")
             sampler.stop()
             backend.close()
