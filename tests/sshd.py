@@ -32,14 +32,17 @@ def sshd_available() -> bool:
     return os.path.exists(SSHD) and os.path.exists(SSH_KEYGEN)
 
 
-def keygen(path: Path, *, passphrase: str = "", cipher: str | None = None, key_type: str = "ed25519") -> Path:
+def keygen(path: Path, *, passphrase: str = "", cipher: str | None = None, key_type: str = "ed25519",
+           extra: tuple[str, ...] = ()) -> Path:
     """Generate a key pair at `path` (and path.pub) with ssh-keygen; returns `path`.
 
-    cipher: ssh-keygen -Z value (e.g. "aes256-gcm@openssh.com") for an encrypted key.
+    cipher: ssh-keygen -Z value (e.g. "aes256-gcm@openssh.com") for an encrypted key. extra: more
+    ssh-keygen options (e.g. ("-m", "PEM", "-b", "1024")).
     """
     cmd = [SSH_KEYGEN, "-q", "-t", key_type, "-N", passphrase, "-C", f"gpuctl-test-{path.name}", "-f", str(path)]
     if cipher:
         cmd += ["-Z", cipher]
+    cmd += list(extra)
     subprocess.run(cmd, check=True, capture_output=True, timeout=30)
     return path
 
