@@ -255,6 +255,16 @@ def test_unreadable_cipher_key_case_ssh02_and_agent_way_out(sshd, node, opened, 
         monkeypatch.setenv("SSH_AUTH_SOCK", str(agent_sock))
         t = opened(replace(node, identity_file=str(k2)), sshd, use_agent=True)
         assert t.http_client().get("/v1/health").json()["ok"] is True
+
+        # IdentitiesOnly (in sshd.ssh_config): the agent's k2 is not offered for another identity file
+        stranger = keygen(tmp_path / "stranger")
+        err = _fail(opened(replace(node, identity_file=str(stranger)), sshd, use_agent=True))
+        assert err.code == "auth" and f"(tried keys: {stranger})" in str(err)
+        # without IdentitiesOnly the agent's keys are tried after the file, as ssh does
+        loose = tmp_path / "config"
+        loose.write_text(f"Host test-sshd\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {sshd.user}\n")
+        t = opened(replace(node, identity_file=str(stranger)), sshd, use_agent=True, ssh_config_path=str(loose))
+        assert t.http_client().get("/v1/health").json()["ok"] is True
     finally:
         agent.terminate()
         agent.wait(5)
