@@ -520,6 +520,10 @@ def test_corrupt_state_file_stops_the_daemon_naming_the_file(tmp_path):
         assert f"moved it to {aside[0]}" in d.stderr_text()
         with d.client() as c:
             assert c.get("/v1/slices").json()["generation"] == 1
+        # A good file is never moved aside, even with --reset-state.
+        d.restart()
+        assert f"the state file {state_file} is fine; kept as it is" in d.stderr_text()
+        assert len([p for p in d.state_dir.iterdir() if p.name.startswith("state.json.corrupt-")]) == 1
     finally:
         d.stop()
 
@@ -583,3 +587,10 @@ def test_unknown_socket_group_is_refused_and_leaves_no_socket(tmp_path, sockdir)
     with pytest.raises(ValueError, match=r"no group 'no-such-group-x' on this node for the socket \(create it: groupadd no-such-group-x\)"):
         serve(api, path, group="no-such-group-x")
     assert not path.exists()
+
+
+def test_unknown_command_is_a_usage_error(capsys):
+    from gpuctl.daemon.main import main
+
+    assert main(["frobnicate"]) == 2
+    assert "gpuctld: unknown command 'frobnicate': use 'serve' (default) or 'bridge'" in capsys.readouterr().err

@@ -62,6 +62,7 @@ class ApiError(Exception):
         self.field = field
 
     def to_json(self) -> dict[str, Any]:
+        """The error body: ``{"error": {"code", "message", "field"}}``."""
         return {"error": {"code": self.code, "message": self.message, "field": self.field}}
 
 
@@ -266,6 +267,7 @@ class ControlApi:
     # -- reads
 
     def health(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
+        """GET /v1/health: liveness, version, backend, uptime (s), hostname, pid."""
         return 200, {
             "ok": True,
             "version": __version__,
@@ -276,10 +278,12 @@ class ControlApi:
         }
 
     def node(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
+        """GET /v1/node: hostname, backend and the backend's GPU identities."""
         return 200, {"hostname": self.hostname, "backend": self.backend_name,
                      "gpus": [g.to_json() for g in self.gpus]}
 
     def status(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
+        """GET /v1/status: generation, each GPU with latest sample and slices (missing GPUs last), leases, node error."""
         snap = self.state.snapshot()
         latest = self.sampler.latest()
         gpus = [GpuStatus(g, latest.get(g.uuid), snap.slices_of(g.uuid)).to_json() for g in self.gpus]
@@ -307,6 +311,7 @@ class ControlApi:
         }
 
     def telemetry(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
+        """GET /v1/telemetry?since=C&uuid=U: samples of rounds after cursor C (400 since, 404 uuid)."""
         since_raw = request.query.get("since", ["0"])[-1]
         try:
             since = int(since_raw)
@@ -322,10 +327,12 @@ class ControlApi:
                      "samples": [s.to_json() for s in samples]}
 
     def slices(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
+        """GET /v1/slices: generation and every slice, from one consistent snapshot."""
         snap = self.state.snapshot()
         return 200, {"generation": snap.generation, "slices": [s.to_json() for s in snap.slices.values()]}
 
     def request_answer(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
+        """GET /v1/requests/{id}: the recorded answer of a change request (404 unknown_request)."""
         rid = urllib.parse.unquote(request.path[len("/v1/requests/"):])
         answer = self.state.recorded(rid)
         if answer is None:
@@ -336,11 +343,13 @@ class ControlApi:
     # -- changes
 
     def assign(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
+        """POST /v1/assign: validate the body, then NodeStateManager.assign."""
         rid, gen, moves, leased = parse_assign(request.json_object())
         request.note = f"request_id={rid}"
         return 200, self.state.assign(rid, gen, moves, leased)
 
     def split(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
+        """POST /v1/split: validate the body, then NodeStateManager.split."""
         rid, gen, gpu_uuid, parts = parse_split(request.json_object())
         request.note = f"request_id={rid}"
         return 200, self.state.split(rid, gen, gpu_uuid, parts)

@@ -107,45 +107,65 @@ class StaleGeneration(StateError):
 
 
 class WrongOwner(StateError):
+    """A move's "from" (or a lease's department) is not the slice's owner; the message names both."""
+
     code = "wrong_owner"
 
 
 class SliceLeased(StateError):
+    """A slice is leased and the request may not touch it (refuse mode, split, a second lease)."""
+
     code = "slice_leased"
 
 
 class MixedOwners(StateError):
+    """A split of a GPU whose slices have more than one owner."""
+
     code = "mixed_owners"
 
 
 class GpuMissing(StateError):
+    """A split of a GPU the backend no longer reports (its slices are kept)."""
+
     code = "gpu_missing"
 
 
 class RequestIdReused(StateError):
+    """A request id already recorded for another kind of operation."""
+
     code = "request_id_reused"
 
 
 class LeaseExists(StateError):
+    """add_lease with an id already in use."""
+
     code = "lease_exists"
 
 
 class UnknownSlice(StateError):
+    """No slice with that id on this node."""
+
     status = 404
     code = "unknown_slice"
 
 
 class UnknownGpu(StateError):
+    """No GPU with that UUID in the node's state."""
+
     status = 404
     code = "unknown_gpu"
 
 
 class UnknownLease(StateError):
+    """No lease with that id on this node."""
+
     status = 404
     code = "unknown_lease"
 
 
 class InvalidRequest(StateError):
+    """A request that is malformed for the state (empty or duplicate moves, bad parts or mode)."""
+
     status = 400
     code = "invalid_field"
 
