@@ -1,0 +1,99 @@
+"""A card of the department board: one slice, draggable, focusable, selectable.
+
+Two lines: where and how big ("node-01 GPU 3 ½"), then its live SM utilization and its state:
+"idle", "🔒 alice@ws12" (leased, with the lease's owner), "→ training (drain)" (a drain-mode move
+waiting for the lease to end) or "moving → training…" (a move the console sent and has not seen
+done yet). Colors are theme variables ($slice-idle, $slice-busy, $warning, $error).
+"""
+
+from __future__ import annotations
+
+from textual import events
+from textual.binding import Binding
+from textual.content import Content
+from textual.message import Message
+from textual.widgets import Static
+
+from gpuctl.widgets import format as fmt
+from gpuctl.widgets.board_model import SliceView
+from gpuctl.widgets.drag import Draggable
+
+#: The lock shown on leased cards.
+LOCK = "🔒"
+
+
+def card_content(view: SliceView, *, selected: bool = False, moving_to: str | None = None) -> Content:
+    """The card's two lines (see the module doc); a "✔ " mark before the label when selected."""
+    mark = ("✔ ", "$accent") if selected else ("", "")
+    top = Content.assemble(mark, (view.label(), "bold"))
+    sm = "SM " + fmt.percent(view.sm_util_pct).rjust(4)
+    parts: list[str | tuple[str, str]] = [(sm, "$foreground-muted" if view.sm_util_pct is None else ""), " "]
+    if view.gpu_error:
+        parts.append((f"error: {view.gpu_error}", "$error"))
+    elif moving_to is not None:
+        parts.append((f"moving → {moving_to}…", "$warning"))
+    elif view.pending_to is not None:
+        parts.append((f"{LOCK} → {view.pending_to} (drain)", "$warning"))
+    elif view.leased:
+        parts.append((f"{LOCK} {view.lease_owner or view.lease_id}", "$slice-busy"))
+    else:
+        parts.append(("idle", "$slice-idle"))
+    return Content("\n").join([top, Content.assemble(*parts)])
+
+
+class SliceCard(Draggable, Static, can_focus=True):
+    """One slice on the board. `view` is what it shows; `selected` and `moving_to` (the
+    destination of a move in flight, else None) are set by the board screen."""
+
+    BINDINGS = [
+        Binding("up", "screen.card_nav('up')", "Up", show=False),
+        Binding("down", "screen.card_nav('down')", "Down", show=False),
+        Binding("left", "screen.card_nav('left')", "Left", show=False),
+        Binding("right", "screen.card_nav('right')", "Right", show=False),
+    ]
+
+    class Clicked(Message):
+        """The card was pressed and released without a drag; `shift` when shift was held."""
+
+        def __init__(self, card: "SliceCard", shift: bool) -> None:
+            super().__init__()
+            self.card = card
+            self.shift = shift
+
+    def __init__(self, view: SliceView, *, selected: bool = False, moving_to: str | None = None):
+        super().__init__("", markup=False)
+        self.view = view
+        self.selected = selected
+        self.moving_to = moving_to
+        self._shown: tuple | None = None
+        self._render_card()
+
+    @property
+    def slice_id(self) -> str:
+        return self.view.slice_id
+
+    def show(self, view: SliceView | None = None, *, selected: bool | None = None,
+             moving_to: str | None | bool = False) -> None:
+        """Update what the card shows (only the arguments given); re-renders only on a change.
+        moving_to=False means "unchanged"; None clears it."""
+        if view is not None:
+            self.view = view
+        if selected is not None:
+            self.selected = selected
+        if moving_to is not False:
+            self.moving_to = moving_to  # type: ignore[assignment]
+        self._render_card()
+
+    def _render_card(self) -> None:
+        key = (self.view, self.selected, self.moving_to)
+        if key == self._shown:
+            return
+        self._shown = key
+        self.set_class(self.selected, "-selected")
+        self.set_class(self.view.leased, "-leased")
+        self.set_class(self.moving_to is not None or self.view.pending_to is not None, "-pending")
+        self.set_class(self.view.gpu_error is not None, "-error")
+        self.update(card_content(self.view, selected=self.selected, moving_to=self.moving_to))
+
+    def drag_clicked(self, event: events.MouseUp) -> None:
+        self.post_message(self.Clicked(self, bool(event.shift)))

@@ -1,0 +1,228 @@
+"""What the department board shows, computed from fleet snapshots (plain Python, no textual).
+
+The board (gpuctl/screens/board.py) draws one column per department plus "unassigned" and one card
+per slice. This module turns a :class:`gpuctl.model.FleetSnapshot` into :class:`SliceView` rows
+(one per slice of a reachable node), keeps a per-GPU rolling window of the SM utilization the
+console saw (:class:`UtilWindow`), sums a column (:func:`column_totals`) and words a move for the
+confirmation dialog (:func:`move_summary`). Every figure comes from the snapshot: fractions and
+memory quotas from the slices, SM utilization from each GPU's latest NVML sample
+(nvmlDeviceGetUtilizationRates, %), lease owners from the node's leases.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from gpuctl import model
+from gpuctl.widgets import format as fmt
+
+#: How far back the column's mean SM utilization looks, seconds.
+UTIL_WINDOW_S = 60.0
+
+
+@dataclass(frozen=True)
+class SliceView:
+    """One slice as a board card shows it.
+
+    slice_id: the slice's id ("<gpu-uuid>/<k>"). node: node name. gpu_index, gpu_uuid: the GPU
+    holding it (NVML index and UUID). fraction: 1, 0.5, 0.25 or 0.125 of the GPU.
+    memory_quota_bytes: its memory quota (bytes). department: owner (or "unassigned").
+    lease_id, lease_owner: the lease holding it ("user@host"), None when idle; lease_owner is None
+    too when the node did not list that lease. sm_util_pct: the GPU's SM utilization in the
+    latest sample (%), None when N/A. gpu_error: the GPU's error ("lost: ...") or None.
+    pending_to: the department a drain-mode move will give it to when its lease ends, else None.
+    """
+
+    slice_id: str
+    node: str
+    gpu_index: int
+    gpu_uuid: str
+    fraction: float
+    memory_quota_bytes: int
+    department: str
+    lease_id: str | None = None
+    lease_owner: str | None = None
+    sm_util_pct: float | None = None
+    gpu_error: str | None = None
+    pending_to: str | None = None
+
+    @property
+    def leased(self) -> bool:
+        """True while a lease holds the slice ("busy")."""
+        return self.lease_id is not None
+
+    def label(self) -> str:
+        """"node-01 GPU 3 ½": where the slice is and how big."""
+        return f"{self.node} GPU {self.gpu_index} {fmt.fraction_glyph(self.fraction)}"
+
+
+def slice_views(snapshot: model.FleetSnapshot | None) -> list[SliceView]:
+    """Every slice of every reachable node of `snapshot`, nodes in snapshot (config) order, GPUs by
+    NVML index, slices in their GPU's order. Unreachable nodes contribute nothing (their slices
+    are unknown now). None gives []."""
+    if snapshot is None:
+        return []
+    out: list[SliceView] = []
+    for node in snapshot.nodes:
+        if not node.reachable:
+            continue
+        owners = {lease.id: lease.owner for lease in node.leases}
+        for gpu in sorted(node.gpus, key=lambda g: g.identity.index):
+            sample = gpu.sample
+            for s in gpu.slices:
+                out.append(
+                    SliceView(
+                        slice_id=s.id,
+                        node=node.name,
+                        gpu_index=gpu.identity.index,
+                        gpu_uuid=gpu.identity.uuid,
+                        fraction=s.fraction,
+                        memory_quota_bytes=s.memory_quota_bytes,
+                        department=s.department,
+                        lease_id=s.lease_id,
+                        lease_owner=owners.get(s.lease_id) if s.lease_id else None,
+                        sm_util_pct=None if sample is None or sample.error else sample.sm_util_pct,
+                        gpu_error=sample.error if sample is not None else None,
+                        pending_to=(s.pending or {}).get("to"),
+                    )
+                )
+    return out
+
+
+def unreachable_nodes(snapshot: model.FleetSnapshot | None) -> list[str]:
+    """Names of the nodes of `snapshot` that did not answer (their slices are not on the board)."""
+    return [] if snapshot is None else [n.name for n in snapshot.nodes if not n.reachable]
+
+
+def column_names(departments: Iterable[model.Department], views: Iterable[SliceView] = ()) -> list[str]:
+    """The board's columns: departments in config order, then any department a slice names that
+    the config does not (sorted), then "unassigned" last."""
+    names = [d.name for d in departments if d.name != model.UNASSIGNED]
+    extra = sorted({v.department for v in views} - set(names) - {model.UNASSIGNED})
+    return names + extra + [model.UNASSIGNED]
+
+
+class UtilWindow:
+    """Per-GPU rolling window of the SM utilization samples the console saw.
+
+    window_s: how far back `mean` looks (seconds, default 60). Samples are keyed by the GPU's
+    UUID and the sample's own timestamp_s (Unix seconds), so the same sample seen in two
+    snapshots (a frozen source, a slow daemon) counts once. N/A readings (None) are not stored.
+    """
+
+    def __init__(self, window_s: float = UTIL_WINDOW_S):
+        if not window_s > 0:
+            raise ValueError(f"UtilWindow: window_s must be > 0 seconds, got {window_s!r}")
+        self.window_s = float(window_s)
+        self._samples: dict[str, deque[tuple[float, float]]] = {}
+        self._latest_s = 0.0
+
+    def add(self, snapshot: model.FleetSnapshot) -> None:
+        """Record the latest sample of every GPU of every reachable node of `snapshot`, and drop
+        samples older than window_s before the newest timestamp seen."""
+        for node in snapshot.nodes:
+            for gpu in node.gpus:
+                s = gpu.sample
+                if s is None or s.error or s.sm_util_pct is None:
+                    continue
+                ring = self._samples.setdefault(gpu.identity.uuid, deque())
+                if ring and ring[-1][0] >= s.timestamp_s:
+                    continue
+                ring.append((s.timestamp_s, float(s.sm_util_pct)))
+                self._latest_s = max(self._latest_s, s.timestamp_s)
+        cutoff = self._latest_s - self.window_s
+        for ring in self._samples.values():
+            while ring and ring[0][0] < cutoff:
+                ring.popleft()
+
+    def mean(self, gpu_uuid: str) -> float | None:
+        """Mean SM utilization (%) of that GPU over the window, None when no reading is in it."""
+        ring = self._samples.get(gpu_uuid)
+        if not ring:
+            return None
+        return sum(v for _, v in ring) / len(ring)
+
+    def count(self, gpu_uuid: str) -> int:
+        """How many samples of that GPU are in the window."""
+        return len(self._samples.get(gpu_uuid, ()))
+
+
+@dataclass(frozen=True)
+class ColumnTotals:
+    """A column's header figures.
+
+    slices: number of slices. gpu_equivalents: sum of their fractions. memory_quota_bytes: sum of
+    their memory quotas (bytes). busy / idle: leased / unleased slices. mean_sm_util_pct: mean over
+    the slices of their GPU's mean SM utilization in the window (%), None when no slice has one.
+    """
+
+    slices: int
+    gpu_equivalents: float
+    memory_quota_bytes: int
+    busy: int
+    idle: int
+    mean_sm_util_pct: float | None
+
+    def text(self) -> str:
+        """"5.5 GPU · 440.0 GiB" and "busy 2 · idle 6 · SM 43%/1m", as two lines."""
+        sm = "N/A" if self.mean_sm_util_pct is None else f"{self.mean_sm_util_pct:.0f}%"
+        return (
+            f"{self.gpu_equivalents:g} GPU · {fmt.human_bytes(self.memory_quota_bytes)}\n"
+            f"busy {self.busy} · idle {self.idle} · SM {sm}/1m"
+        )
+
+
+def column_totals(views: Sequence[SliceView], window: UtilWindow | None = None) -> ColumnTotals:
+    """Totals of one column's slices. SM utilization: each slice's GPU mean over `window` (or the
+    latest reading when the window has none / no window is given), averaged over the slices
+    that have one."""
+    utils: list[float] = []
+    for v in views:
+        u = window.mean(v.gpu_uuid) if window is not None else None
+        if u is None:
+            u = v.sm_util_pct
+        if u is not None:
+            utils.append(u)
+    busy = sum(1 for v in views if v.leased)
+    return ColumnTotals(
+        slices=len(views),
+        gpu_equivalents=sum(v.fraction for v in views),
+        memory_quota_bytes=sum(v.memory_quota_bytes for v in views),
+        busy=busy,
+        idle=len(views) - busy,
+        mean_sm_util_pct=sum(utils) / len(utils) if utils else None,
+    )
+
+
+def group_by_source(views: Iterable[SliceView], dst: str) -> dict[str, list[str]]:
+    """Slice ids by their owning department (first-seen order), leaving out slices `dst` already
+    owns: one reassignment request per source department."""
+    groups: dict[str, list[str]] = {}
+    for v in views:
+        if v.department != dst:
+            groups.setdefault(v.department, []).append(v.slice_id)
+    return groups
+
+
+def move_summary(views: Sequence[SliceView], dst: str) -> str:
+    """The confirmation's sentence, e.g. "Move 2 slices (1.5 GPU) from research to training:
+    node-01 GPU 3 ½, node-02 GPU 0 1"; leased slices are marked "🔒 owner". Slices `dst` already
+    owns are left out. Raises ValueError when nothing would move."""
+    moving = [v for v in views if v.department != dst]
+    if not moving:
+        raise ValueError(f"nothing to move: every selected slice is already owned by {dst}")
+    sources = list(dict.fromkeys(v.department for v in moving))
+    noun = "slice" if len(moving) == 1 else "slices"
+    gpus = sum(v.fraction for v in moving)
+    items = []
+    for v in moving:
+        item = v.label()
+        if v.leased:
+            item += f" 🔒 {v.lease_owner or v.lease_id}"
+        items.append(item)
+    return (
+        f"Move {len(moving)} {noun} ({gpus:g} GPU) from {', '.join(sources)} to {dst}: "
+        + ", ".join(items)
+    )
