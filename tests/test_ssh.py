@@ -143,6 +143,27 @@ def test_proxyjump_through_a_jump_host(sshd, node, opened, tmp_path):
     assert t.jump_hosts == [f"127.0.0.1:{sshd.port}"]
 
 
+def test_proxyjump_failures_name_the_hop(sshd, node, opened, tmp_path):
+    dead = free_port()
+    cfg = tmp_path / "config"
+    cfg.write_text(
+        f"Host deadjump\n  HostName 127.0.0.1\n  Port {dead}\n"
+        f"Host jumpbox\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {sshd.user}\n"
+        f"  IdentityFile {sshd.user_key}\n"
+        f"Host via-dead\n  HostName 127.0.0.1\n  Port {sshd.port}\n  ProxyJump deadjump\n"
+        f"Host nothing-behind\n  HostName 127.0.0.1\n  Port {dead}\n  ProxyJump jumpbox\n"
+    )
+    err = _fail(opened(replace(node, host="via-dead"), sshd, ssh_config_path=str(cfg)))
+    assert str(err) == (
+        f"node gpu01 (127.0.0.1:{sshd.port}): jump host deadjump (127.0.0.1:{dead}): connection refused"
+    )
+    t = opened(replace(node, host="nothing-behind"), sshd, ssh_config_path=str(cfg))
+    err = _fail(t)
+    assert str(err).startswith(f"node gpu01 (127.0.0.1:{dead}): the jump host could not reach 127.0.0.1:{dead}")
+    assert err.code == "unreachable"
+    assert t.jump_hosts == []  # the hop opened for the attempt was closed again
+
+
 # --------------------------------------------------------------------------- host keys
 
 

@@ -128,6 +128,7 @@ class SshTransport:
         self._config: paramiko.SSHConfig | None = None
         self._ssh: paramiko.Transport | None = None
         self._hops: list[paramiko.Transport] = []
+        self._hop_addresses: list[str] = []
         self._client: httpx.Client | None = None
         self._http: ChannelHttpTransport | None = None
         self.connections_opened = 0
@@ -144,7 +145,7 @@ class SshTransport:
     def jump_hosts(self) -> list[str]:
         """``host:port`` of the ProxyJump hops of the open SSH connection, in order ([] when direct)."""
         with self._lock:
-            return [f"{t.getpeername()[0]}:{t.getpeername()[1]}" for t in self._hops]
+            return list(self._hop_addresses) if self._ssh is not None else []
 
     def resolve(self) -> SshHost:
         """The node's SSH target after ~/.ssh/config and the node's own user/port/identity_file.
@@ -207,31 +208,39 @@ class SshTransport:
                 return self._ssh
             self._drop_ssh()
             host = self.resolve()
-            hops: list[paramiko.Transport] = []
+            hops: list[tuple[paramiko.Transport, str]] = []
             try:
                 sock = self._first_socket(host, hops)
                 self._ssh = self._start_ssh(sock, host)
-            except _StepError as exc:
-                for t in reversed(hops):
+            except BaseException as exc:
+                for t, _ in reversed(hops):
                     t.close()
-                raise self._fail(exc.message, exc.code) from exc
-            self._hops = hops
+                if isinstance(exc, _StepError):
+                    raise self._fail(exc.message, exc.code) from exc
+                raise
+            self._hops = [t for t, _ in hops]
+            self._hop_addresses = [address for _, address in hops]
             self.connections_opened += 1
             return self._ssh
 
-    def _first_socket(self, host: SshHost, hops: list[paramiko.Transport]) -> Any:
-        """A connected socket-like object to `host`: direct TCP, ProxyCommand, or through its ProxyJump hops."""
+    def _first_socket(self, host: SshHost, hops: list[tuple[paramiko.Transport, str]]) -> Any:
+        """A connected socket-like object to `host`: direct TCP, ProxyCommand, or through its
+        ProxyJump hops (each appended to `hops` as (transport, "host:port"); a hop's own ProxyJump
+        is not followed)."""
         if host.proxy_jump:
             previous: paramiko.Transport | None = None
             for spec in host.proxy_jump:
-                user, name, port = parse_jump(spec)
-                jump = resolve_host(name, config=self._config, user=user, port=port)
+                try:
+                    user, name, port = parse_jump(spec)
+                    jump = resolve_host(name, config=self._config, user=user, port=port)
+                except SshConfigError as exc:
+                    raise _StepError(f"ProxyJump {spec!r}: {exc}", "config") from exc
                 try:
                     sock = self._tcp(jump) if previous is None else self._direct_tcpip(previous, jump)
                     previous = self._start_ssh(sock, jump)
                 except _StepError as exc:
                     raise _StepError(f"jump host {jump.alias} ({jump.address}): {exc.message}", exc.code) from exc
-                hops.append(previous)
+                hops.append((previous, jump.address))
             return self._direct_tcpip(previous, host)
         if host.proxy_command:
             try:
