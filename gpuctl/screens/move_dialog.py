@@ -68,11 +68,11 @@ class MoveConfirmScreen(ModalScreen[str | None]):
                 )
             with Horizontal(id="dialog-buttons"):
                 if self.leased:
-                    yield Button("Drain [d]", id="drain", variant="primary")
-                    yield Button("Revoke [r]", id="revoke", variant="error")
+                    yield Button("Drain (d)", id="drain", variant="primary")
+                    yield Button("Revoke (r)", id="revoke", variant="error")
                 else:
-                    yield Button("Move [y]", id="refuse", variant="primary")
-                yield Button("Cancel [n]", id="cancel")
+                    yield Button("Move (y)", id="refuse", variant="primary")
+                yield Button("Cancel (n)", id="cancel")
 
     def on_mount(self) -> None:
         self.query_one("#dialog-buttons Button", Button).focus()

@@ -23,9 +23,12 @@ LOCK = "🔒"
 
 
 def card_content(view: SliceView, *, selected: bool = False, moving_to: str | None = None) -> Content:
-    """The card's two lines (see the module doc); a "✔ " mark before the label when selected."""
+    """The card's two lines (see the module doc); a "✔ " mark before the label when selected and
+    the slice's number on its GPU ("#2") after the label when the GPU is split."""
     mark = ("✔ ", "$accent") if selected else ("", "")
-    top = Content.assemble(mark, (view.label(), "bold"))
+    k = view.slice_id.rpartition("/")[2]
+    number = (f" #{k}", "$foreground-muted") if view.fraction < 1 else ""
+    top = Content.assemble(mark, (view.label(), "bold"), number)
     sm = "SM " + fmt.percent(view.sm_util_pct).rjust(4)
     parts: list[str | tuple[str, str]] = [(sm, "$foreground-muted" if view.sm_util_pct is None else ""), " "]
     if view.gpu_error:

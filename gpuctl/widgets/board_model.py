@@ -166,11 +166,12 @@ class ColumnTotals:
     mean_sm_util_pct: float | None
 
     def text(self) -> str:
-        """"5.5 GPU · 440.0 GiB" and "busy 2 · idle 6 · SM 43%/1m", as two lines."""
+        """Two lines: "5.5 GPU · 440.0 GiB" and "2 busy · 6 idle · SM 43%" (SM: the mean over the
+        window, "N/A" when no slice has a reading)."""
         sm = "N/A" if self.mean_sm_util_pct is None else f"{self.mean_sm_util_pct:.0f}%"
         return (
             f"{self.gpu_equivalents:g} GPU · {fmt.human_bytes(self.memory_quota_bytes)}\n"
-            f"busy {self.busy} · idle {self.idle} · SM {sm}/1m"
+            f"{self.busy} busy · {self.idle} idle · SM {sm}"
         )
 
 
