@@ -103,9 +103,14 @@ class NodeClient:
                 resp = self._http().request(method, path, json=json, params=params,
                                             timeout=self.node.timeout_s)
             except Exception as exc:  # noqa: BLE001 - every transport failure becomes a NodeError
-                self._drop_transport()
+                if self._transport is not None and not hasattr(exc, "code"):
+                    try:
+                        exc = self._transport.error(exc)
+                    except Exception:  # noqa: BLE001 - keep the original error
+                        pass
                 msg = str(exc) or type(exc).__name__
-                code = "timeout" if "timed out" in msg.lower() or "timeout" in type(exc).__name__.lower() else "unreachable"
+                code = getattr(exc, "code", None) or "unreachable"
+                self._drop_transport()
                 if self.node.name not in msg:
                     msg = f"node {self.node.name}: {msg}"
                 raise NodeError(self.node.name, msg, code=code) from exc
