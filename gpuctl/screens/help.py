@@ -51,22 +51,26 @@ class HelpScreen(ModalScreen[None]):
         super().__init__(id="help")
         self._below = below
 
+    def help_rows(self) -> list[tuple[str, str]]:
+        """(key or command, what it does): the screen below's keys, the app's keys, then the `:`
+        commands; a key bound twice is listed once (the screen's meaning wins)."""
+        rows: list[tuple[str, str]] = []
+        seen: set[str] = set()
+        for bindings in (getattr(self._below, "BINDINGS", []), getattr(self.app, "BINDINGS", [])):
+            for key, desc in _key_rows(bindings):
+                if key not in seen:
+                    seen.add(key)
+                    rows.append((key, desc))
+        rows.append(("enter", "open the node under the cursor"))
+        rows.extend(COMMAND_HELP)
+        return rows
+
     def compose(self) -> ComposeResult:
         table = Table(box=None, show_header=True, header_style="bold", expand=True, padding=(0, 2, 0, 0))
         table.add_column("key / command", no_wrap=True)
         table.add_column("does")
-        seen: set[str] = set()
-        sources = [getattr(self._below, "BINDINGS", []), getattr(self.app, "BINDINGS", [])]
-        for bindings in sources:
-            for key, desc in _key_rows(bindings):
-                if key in seen:
-                    continue
-                seen.add(key)
-                table.add_row(key, desc)
-        table.add_row("enter", "open the node under the cursor")
-        table.add_row("", "")
-        for cmd, desc in COMMAND_HELP:
-            table.add_row(cmd, desc)
+        for key, desc in self.help_rows():
+            table.add_row(key, desc)
         with VerticalScroll():
             yield Static("gpuctl keys", classes="help-title")
             yield Static(table)

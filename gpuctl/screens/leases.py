@@ -62,7 +62,7 @@ class LeasesScreen(GpuctlScreen):
 
     def __init__(self) -> None:
         super().__init__(id="leases")
-        self._nodes: dict[str, str] = {}
+        self._lease_nodes: dict[str, str] = {}
 
     def compose_body(self) -> ComposeResult:
         table: DataTable = DataTable(id="leases-table", cursor_type="row", zebra_stripes=True)
@@ -78,11 +78,11 @@ class LeasesScreen(GpuctlScreen):
             table.clear(columns=False)
             for lease_id, _node, cells in rows:
                 table.add_row(*cells, key=lease_id)
-            self._nodes = {lease_id: node for lease_id, node, _ in rows}
+            self._lease_nodes = {lease_id: node for lease_id, node, _ in rows}
             self.query_one("#leases-empty").display = not rows
 
     @on(DataTable.RowSelected, "#leases-table")
     def _selected(self, event: DataTable.RowSelected) -> None:
-        node = self._nodes.get(event.row_key.value or "")
+        node = self._lease_nodes.get(event.row_key.value or "")
         if node:
             self.app.open_node(node)

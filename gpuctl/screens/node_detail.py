@@ -175,7 +175,7 @@ class NodeDetailScreen(GpuctlScreen):
         self._errors: dict[str, str] = {}
         self._panels: dict[str, GpuPanel] = {}
         self._fetching = False
-        self._closed = False
+        self._stopped = False
 
     def compose_body(self) -> ComposeResult:
         yield Static("", id="node-summary")
@@ -186,7 +186,7 @@ class NodeDetailScreen(GpuctlScreen):
         self._fetch()
 
     def on_unmount(self) -> None:
-        self._closed = True
+        self._stopped = True
 
     # -- history -------------------------------------------------------------------------------
 
@@ -196,7 +196,7 @@ class NodeDetailScreen(GpuctlScreen):
         return [g.uuid for g in node.gpus] if node is not None and node.reachable else []
 
     def _fetch(self) -> None:
-        if self._closed or self._fetching:
+        if self._stopped or self._fetching:
             return
         uuids = self._gpu_uuids()
         if not uuids:
@@ -231,7 +231,7 @@ class NodeDetailScreen(GpuctlScreen):
         snapshot = self.app.snapshot
         if snapshot is not None and self.is_current:
             self.show_snapshot(snapshot)
-        if not self._closed:
+        if not self._stopped:
             self.set_timer(self.history_interval_s, self._fetch)
 
     # -- rendering -----------------------------------------------------------------------------

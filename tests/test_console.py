@@ -1,0 +1,569 @@
+"""Console tests (Textual Pilot) on an in-process SimulatedFleetSource, plus the source itself."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from textual.widgets import DataTable
+
+from gpuctl import model
+from gpuctl.app import GpuctlApp, build_app
+from gpuctl.fleet_source import FROZEN_TIME_S, FleetSourceError, SimulatedFleetSource
+from gpuctl.screens.fleet import FleetScreen
+from gpuctl.screens.help import HelpScreen
+from gpuctl.screens.leases import LeasesScreen
+from gpuctl.screens.node_detail import NodeDetailScreen
+from gpuctl.screens.too_small import TooSmallScreen
+from gpuctl.themes import REPO_THEMES_DIR
+from gpuctl.widgets import format as fmt
+from gpuctl.widgets.fleet_rows import _wrap_into
+
+SIZE = (120, 40)
+
+
+def make_app(source: SimulatedFleetSource, **kw) -> GpuctlApp:
+    """An app that polls only when told (refresh_s is an hour) and reads only the repo's themes."""
+    kw.setdefault("refresh_s", 3600.0)
+    return build_app(source, theme_dirs=[REPO_THEMES_DIR], **kw)
+
+
+async def settle(app: GpuctlApp, pilot) -> None:
+    """Wait for running workers (poll, history) and for the messages they posted."""
+    await pilot.pause()
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+async def poll(app: GpuctlApp, pilot) -> None:
+    app.poll()
+    await settle(app, pilot)
+
+
+def table(app: GpuctlApp) -> DataTable:
+    return app.screen.query_one("#fleet-table", DataTable)
+
+
+def cell(app: GpuctlApp, row_key: str, column: str) -> str:
+    return str(table(app).get_cell(row_key, column))
+
+
+async def type_text(pilot, text: str) -> None:
+    for ch in text:
+        await pilot.press({" ": "space", "-": "minus", ":": "colon", "/": "slash"}.get(ch, ch))
+
+
+@pytest.fixture
+def source():
+    src = SimulatedFleetSource(nodes=4, gpus_per_node=8, seed=0)
+    try:
+        yield src
+    finally:
+        src.close()
+
+
+# -- fleet screen -------------------------------------------------------------------------------
+
+
+async def test_fleet_lists_every_gpu_row_keyed_by_uuid(source):
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert isinstance(app.screen, FleetScreen)
+        t = table(app)
+        assert t.row_count == 32
+        uuids = {g.uuid for n in app.snapshot.nodes for g in n.gpus}
+        assert {k.value for k in t.rows} == uuids
+        first = app.snapshot.nodes[0].gpus[3]
+        assert cell(app, first.uuid, "node") == "node-01"
+        assert cell(app, first.uuid, "gpu") == "3"
+        assert cell(app, first.uuid, "name") == "H100 80GB HBM3"
+
+
+async def test_values_update_after_a_poll(source):
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        before = {k.value: [str(c) for c in table(app).get_row(k)] for k in table(app).rows}
+        first_snapshot = app.snapshot
+        await poll(app, pilot)
+        assert app.snapshot is not first_snapshot
+        changed = 0
+        for node in app.snapshot.nodes:
+            for gpu in node.gpus:
+                s = gpu.sample
+                assert cell(app, gpu.uuid, "power") == fmt.power(s.power_w)
+                assert cell(app, gpu.uuid, "temperature") == fmt.temperature(s.temperature_c)
+                assert cell(app, gpu.uuid, "sm").endswith(fmt.percent(s.sm_util_pct))
+                assert fmt.memory_label(s.memory_used_bytes, s.memory_total_bytes) in cell(app, gpu.uuid, "memory")
+                after = [str(c) for c in table(app).get_row(gpu.uuid)]
+                changed += after != before[gpu.uuid]
+        # every GPU's sparkline got a second point, so every row changed
+        assert changed == 32
+        assert len(app.sm_history[app.snapshot.nodes[0].gpus[0].uuid]) == 2
+
+
+async def test_not_supported_power_shows_na_never_zero(source):
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        gpu = app.snapshot.nodes[0].gpus[-1]
+        assert gpu.sample.power_w is None
+        assert cell(app, gpu.uuid, "power") == "N/A"
+        other = app.snapshot.nodes[0].gpus[0]
+        assert cell(app, other.uuid, "power").endswith(" W")
+
+
+async def test_unreachable_node_shows_reason_in_error_color():
+    src = SimulatedFleetSource(unreachable=True)
+    app = make_app(src)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert table(app).row_count == 24 + 1
+        key = "node:node-04"
+        row = [str(c) for c in table(app).get_row(key)]
+        assert row[0] == "node-04"
+        assert row[2] == "unreachable"
+        reason = app.snapshot.node("node-04").error
+        assert " ".join(x for x in row[3:8] if x) == reason
+        sm = table(app).get_cell(key, "sm")
+        assert app.palette.error in str(sm.style)
+
+
+async def test_gpu_error_is_shown_in_its_row(source, monkeypatch):
+    real = source.snapshot
+
+    def lost_gpu():
+        snap = real()
+        snap.nodes[1].gpus[2].sample.error = "lost: node needs reboot"
+        return snap
+
+    monkeypatch.setattr(source, "snapshot", lost_gpu)
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        uuid = app.snapshot.nodes[1].gpus[2].uuid
+        assert cell(app, uuid, "sm") == "error"
+        assert cell(app, uuid, "state") == "error"
+        parts = [cell(app, uuid, c) for c in ("memory", "temperature", "power", "history")]
+        assert " ".join(p for p in parts if p) == "lost: node needs reboot"
+        assert app.sm_history[uuid] == (None,)
+
+
+async def test_slices_and_lease_marker(source):
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        node = app.snapshot.nodes[0]
+        leased = next(g for g in node.gpus if any(s.leased for s in g.slices))
+        text = cell(app, leased.uuid, "slices")
+        assert "●" in text
+        assert cell(app, leased.uuid, "lease") == "alice@ws12"
+        assert cell(app, leased.uuid, "state") == "busy"
+        split = next(g for g in node.gpus if len(g.slices) == 2)
+        depts = [s.department for s in split.slices]
+        expected = f"{depts[0]} ½×2" if depts[0] == depts[1] else f"{depts[0]} ½ · {depts[1]} ½"
+        assert cell(app, split.uuid, "slices").replace("●", "") == expected
+
+
+async def test_slash_filter_narrows_rows_and_escape_clears(source):
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("slash")
+        await type_text(pilot, "TRAINING")
+        await pilot.pause()
+        expected = {
+            g.uuid for n in app.snapshot.nodes for g in n.gpus if any(s.department == "training" for s in g.slices)
+        }
+        assert 0 < len(expected) < 32
+        assert {k.value for k in table(app).rows} == expected
+        # a poll keeps the filter
+        await poll(app, pilot)
+        assert {k.value for k in table(app).rows} == expected
+        await pilot.press("escape")
+        await pilot.pause()
+        assert table(app).row_count == 32
+        assert app.screen.filter_text == ""
+
+
+async def test_filter_by_node_and_no_match_message(source):
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        screen = app.screen
+        screen.set_filter("node-03")
+        await pilot.pause()
+        assert table(app).row_count == 8
+        screen.set_filter("no-such-thing")
+        await pilot.pause()
+        assert table(app).row_count == 0
+        empty = screen.query_one("#fleet-empty")
+        assert empty.display
+        assert "no-such-thing" in str(empty.render())
+
+
+async def test_enter_on_row_opens_node_detail(source):
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        table(app).focus()
+        table(app).move_cursor(row=9)
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert isinstance(app.screen, NodeDetailScreen)
+        assert app.screen.node_name == "node-02"
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, FleetScreen)
+
+
+# -- command bar, help, badge -------------------------------------------------------------------
+
+
+async def test_command_bar_node_opens_detail_with_history(source):
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("colon")
+        await type_text(pilot, "node node-03")
+        await pilot.press("enter")
+        await settle(app, pilot)
+        screen = app.screen
+        assert isinstance(screen, NodeDetailScreen)
+        assert screen.node_name == "node-03"
+        node = app.snapshot.node("node-03")
+        panels = list(screen.query(".gpu-panel"))
+        assert len(panels) == 8
+        # 120 warm-up samples + the one snapshot sample, straight from the source's history ring
+        assert len(screen._history[node.gpus[0].uuid].samples) == 121
+        first = panels[0]
+        spark = first.query_one(".plot-sm .plot-line")
+        _, ring = source.history("node-03", node.gpus[0].uuid)
+        assert list(spark.data) == [s.sm_util_pct for s in ring]
+        label = str(first.query_one(".plot-sm .plot-label").render())
+        assert f"now {fmt.percent(ring[-1].sm_util_pct)}" in label
+
+
+async def test_command_bar_unknown_command_flashes_and_changes_nothing(source):
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("colon")
+        await type_text(pilot, "frobnicate")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, FleetScreen)
+        assert "unknown command: 'frobnicate'" in app.flash_log[-1]
+        assert app.run_command("node nosuch") is False
+        assert "unknown node 'nosuch'" in app.flash_log[-1]
+        assert isinstance(app.screen, FleetScreen)
+        assert app.run_command("node") is False
+        assert app.flash_log[-1] == "usage: :node NAME"
+
+
+async def test_command_bar_escape_cancels(source):
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("colon")
+        await type_text(pilot, "leases")
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, FleetScreen)
+        assert list(app.flash_log) == []
+
+
+async def test_depts_without_board_flashes(source):
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        if app.is_screen_installed("board"):  # gpuctl/screens/board.py exists: take it away
+            app.uninstall_screen("board")
+        assert app.run_command("depts") is False
+        assert app.flash_log[-1] == "board not available"
+        assert isinstance(app.screen, FleetScreen)
+
+
+async def test_depts_pushes_installed_board(source):
+    from gpuctl.screens.base import GpuctlScreen
+
+    class FakeBoard(GpuctlScreen):
+        VIEW = "departments"
+
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        if app.is_screen_installed("board"):
+            app.uninstall_screen("board")
+        app.install_screen(FakeBoard(), "board")
+        assert app.run_command(":depts") is True
+        await pilot.pause()
+        assert isinstance(app.screen, FakeBoard)
+        assert app.run_command("nodes") is True
+        await pilot.pause()
+        assert isinstance(app.screen, FleetScreen)
+
+
+async def test_leases_screen_lists_leases(source):
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert app.run_command("leases")
+        await pilot.pause()
+        assert isinstance(app.screen, LeasesScreen)
+        t = app.screen.query_one("#leases-table", DataTable)
+        leases = [lease for n in app.snapshot.nodes for lease in n.leases]
+        assert len(leases) == 2
+        assert {k.value for k in t.rows} == {lease.id for lease in leases}
+        assert str(t.get_cell(leases[0].id, "owner")) == "alice@ws12"
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, FleetScreen)
+
+
+async def test_quit_command_exits(source):
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        exits = []
+        app.exit = lambda *a, **k: exits.append(a)  # type: ignore[method-assign]
+        assert app.run_command(":quit") is True
+        assert app.run_command("q") is True
+        assert len(exits) == 2
+
+
+async def test_help_lists_keys_and_commands(source):
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        rows = dict(app.screen.help_rows())
+        assert rows["/"] == "Filter" and rows["q"] == "Quit" and rows[":"] == "Command"
+        assert rows["?"] == "Help" and rows["r"] == "Refresh" and rows["escape"] == "Clear filter"
+        for command in (":nodes", ":depts", ":leases", ":node NAME", ":q  :quit"):
+            assert command in rows
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, FleetScreen)
+
+
+@pytest.mark.parametrize("readonly", [True, False])
+async def test_readonly_badge(source, readonly):
+    app = make_app(source, readonly=readonly)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        badge = app.screen.query_one("#header-badge")
+        assert badge.display is readonly
+        assert str(badge.render()) == "READ-ONLY"
+
+
+async def test_header_totals(source):
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        text = str(app.screen.query_one("#header-totals").render())
+        assert text.startswith("nodes 4/4 up · 32 GPUs · SM ")
+        utils = [g.sample.sm_util_pct for n in app.snapshot.nodes for g in n.gpus]
+        assert f"SM {sum(utils) / len(utils):.0f}%" in text
+        research = model.gpu_equivalents([s for n in app.snapshot.nodes for s in n.slices() if s.department == "research"])
+        assert f"research {research:g}" in text
+
+
+async def test_poll_failure_flashes_once_and_keeps_last_snapshot(source, monkeypatch):
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        good = app.snapshot
+
+        def broken():
+            raise OSError("ssh agent gone")
+
+        monkeypatch.setattr(source, "snapshot", broken)
+        await poll(app, pilot)
+        await poll(app, pilot)
+        assert app.snapshot is good
+        assert table(app).row_count == 32
+        failures = [m for m in app.flash_log if m.startswith("fleet poll failed")]
+        assert failures == ["fleet poll failed: OSError: ssh agent gone"]
+
+
+async def test_polls_are_chained_by_a_one_shot_timer(source):
+    import threading
+    import time
+
+    running, overlaps, calls = [], [], []
+    lock = threading.Lock()
+    real = source.snapshot
+
+    def slow():
+        with lock:
+            running.append(1)
+            overlaps.append(len(running))
+        time.sleep(0.08)  # a poll slower than refresh_s must not let the next one start early
+        calls.append(time.monotonic())
+        with lock:
+            running.pop()
+        return real()
+
+    source.snapshot = slow  # type: ignore[method-assign]
+    app = make_app(source, refresh_s=0.02)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.6)
+    assert len(calls) >= 3
+    assert max(overlaps) == 1
+
+
+# -- sizes (case tui-01) ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("screen_name", ["fleet", "node"])
+async def test_every_size_renders_without_traceback(screen_name):
+    src = SimulatedFleetSource(unreachable=True)
+    app = make_app(src)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        if screen_name == "node":
+            app.open_node("node-01")
+            await settle(app, pilot)
+        base = type(app.screen)
+        for w, h in [(149, 24), (80, 24), (40, 12), (1, 1), (59, 40), (120, 14), (60, 15)]:
+            await pilot.resize_terminal(w, h)
+            await pilot.pause()
+            app.export_screenshot()  # renders the whole screen; raises on a rendering error
+            small = w < 60 or h < 15
+            assert isinstance(app.screen, TooSmallScreen) is small, (w, h)
+            if small:
+                assert f"terminal too small: {w}x{h}" in str(app.screen.query_one("#too-small-text").render())
+            else:
+                assert type(app.screen) is base
+        await poll(app, pilot)
+        assert app.return_code is None
+
+
+# -- app construction ---------------------------------------------------------------------------
+
+
+def test_unknown_theme_lists_known(source):
+    with pytest.raises(ValueError) as err:
+        build_app(source, theme="no-such-theme", theme_dirs=[REPO_THEMES_DIR])
+    msg = str(err.value)
+    assert msg.startswith("unknown theme 'no-such-theme'; known themes: gpuctl-dark, gpuctl-light, high-contrast")
+    assert "textual-dark" in msg
+
+
+def test_bad_refresh_interval(source):
+    with pytest.raises(ValueError, match="refresh_s must be > 0 seconds, got 0"):
+        build_app(source, refresh_s=0)
+
+
+# -- the simulated source -----------------------------------------------------------------------
+
+
+def test_simulated_source_is_deterministic_and_frozen_is_frozen():
+    a = SimulatedFleetSource(seed=3, frozen=True, history_warmup_samples=5)
+    b = SimulatedFleetSource(seed=3, frozen=True, history_warmup_samples=5)
+    s1, s2 = a.snapshot(), a.snapshot()
+    assert s1.to_json() if hasattr(s1, "to_json") else True
+    assert [n.to_json() for n in s1.nodes] == [n.to_json() for n in s2.nodes]
+    assert [n.to_json() for n in s1.nodes] == [n.to_json() for n in b.snapshot().nodes]
+    assert s1.taken_at_s == FROZEN_TIME_S
+    live = SimulatedFleetSource(seed=3, history_warmup_samples=5)
+    x, y = live.snapshot(), live.snapshot()
+    assert [g.sample.sm_util_pct for n in x.nodes for g in n.gpus] != [g.sample.sm_util_pct for n in y.nodes for g in n.gpus]
+
+
+def test_simulated_source_slices_leases_departments():
+    src = SimulatedFleetSource()
+    snap = src.snapshot()
+    slices = [s for n in snap.nodes for s in n.slices()]
+    depts = {s.department for s in slices}
+    assert depts == {"research", "training", "inference", model.UNASSIGNED}
+    assert {s.fraction for s in slices} == {1.0, 0.5, 0.25}
+    for n in snap.nodes:
+        for g in n.gpus:
+            assert sum(s.fraction for s in g.slices) == 1.0
+    leases = [lease for n in snap.nodes for lease in n.leases]
+    assert [lease.owner for lease in leases] == ["alice@ws12", "alice@ws12"]
+    for n in snap.nodes:
+        by_id = {s.id: s for s in n.slices()}
+        for lease in n.leases:
+            for sid in lease.slice_ids:
+                assert by_id[sid].lease_id == lease.id
+                assert by_id[sid].department == lease.department
+
+
+def test_simulated_source_history_cursor_and_errors():
+    src = SimulatedFleetSource(nodes=2, gpus_per_node=2, history_warmup_samples=10, unreachable=["node-02"])
+    snap = src.snapshot()
+    uuid = snap.nodes[0].gpus[0].uuid
+    cursor, samples = src.history("node-01", uuid)
+    assert len(samples) == 11
+    assert cursor == 22  # 11 samples x 2 GPUs
+    src.snapshot()
+    cursor2, new = src.history("node-01", uuid, since=cursor)
+    assert cursor2 == 24 and len(new) == 1
+    with pytest.raises(FleetSourceError, match="unknown node 'node-09'"):
+        src.history("node-09", uuid)
+    with pytest.raises(FleetSourceError, match="node-02: unreachable"):
+        src.history("node-02", uuid)
+    with pytest.raises(FleetSourceError, match="node-01: no GPU with UUID 'GPU-x'"):
+        src.history("node-01", "GPU-x")
+    assert not snap.nodes[1].reachable and snap.nodes[1].error_code == "unreachable"
+    src.close()
+    with pytest.raises(FleetSourceError, match="closed"):
+        src.snapshot()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"nodes": 0}, "nodes must be an integer >= 1, got 0"),
+        ({"gpus_per_node": 0}, "gpus_per_node must be an integer >= 1, got 0"),
+        ({"history_warmup_samples": -1}, "history_warmup_samples must be >= 0, got -1"),
+        ({"unreachable": ["node-99"]}, r"unreachable names unknown nodes \['node-99'\]"),
+    ],
+)
+def test_simulated_source_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SimulatedFleetSource(**kwargs)
+
+
+def test_fleet_source_and_format_do_not_import_textual():
+    code = "import sys, gpuctl.fleet_source, gpuctl.widgets.format; assert 'textual' not in sys.modules, 'textual'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(REPO_THEMES_DIR.parent))
+
+
+# -- formatting ---------------------------------------------------------------------------------
+
+
+def test_format_units_and_na():
+    assert fmt.human_bytes(None) == "N/A"
+    assert fmt.human_bytes(512) == "512 B"
+    assert fmt.human_bytes(615 * fmt.MIB) == "615 MiB"
+    assert fmt.human_bytes(80 * fmt.GIB) == "80.0 GiB"
+    assert fmt.memory_label(41 * fmt.GIB + fmt.GIB // 5, 80 * fmt.GIB) == "41.2/80.0 GiB"
+    assert fmt.memory_label(300 * fmt.MIB, 1000 * fmt.MIB) == "300/1000 MiB"
+    assert fmt.memory_label(None, 80 * fmt.GIB) == "N/A / 80.0 GiB"
+    assert fmt.memory_label(None, None) == "N/A"
+    assert fmt.percent(None) == "N/A" and fmt.percent(0.0) == "0%"
+    assert fmt.power(None) == "N/A" and fmt.power(0.0) == "0 W"
+    assert fmt.temperature(float("nan")) == "N/A"
+    assert fmt.sparkline([0, 50, 100, None], 6) == "  ▁▅█ "
+    assert fmt.bar(0.5, 4) == "██  "
+    assert fmt.bar(0.5, 1) == "▌"
+    assert fmt.department_shares([("a", 0.25), ("a", 0.25), ("b", 0.5)]) == [("a", "¼×2"), ("b", "½")]
+    assert fmt.department_shares([("a", 0.5), ("a", 0.25)]) == [("a", "¾")]
+
+
+def test_wrap_reason_across_columns():
+    assert _wrap_into("ssh: connect to host node-04 port 22", [20, 5, 6, 16]) == [
+        "ssh: connect to host",
+        "",
+        "",
+        "node-04 port 22",
+    ]
+    assert _wrap_into("a verylongword", [3, 4]) == ["a", "verylongword"]
