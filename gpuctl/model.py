@@ -118,6 +118,10 @@ class Slice:
     department: owning department's name, or :data:`UNASSIGNED`. lease_id: the lease holding it, or
     None when idle. pending: a drain-mode reassignment waiting for the lease to end, as
     ``{"to": dept, "request_id": id}``, else None.
+    usage: for a leased slice, its share of the lease worker's figures as GET /v1/status reports
+    them (``{"memory_in_use_bytes", "ops_per_s", "bytes_in", "bytes_out"}``, see
+    gpuctl.daemon.leases); None when idle or before the worker's first stats (never a made-up
+    zero). Not part of the durable state.
     """
 
     id: str
@@ -128,6 +132,7 @@ class Slice:
     department: str = UNASSIGNED
     lease_id: str | None = None
     pending: dict[str, str] | None = None
+    usage: dict[str, Any] | None = None
 
     @property
     def leased(self) -> bool:

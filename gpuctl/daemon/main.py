@@ -91,7 +91,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--history", type=_positive_float, default=600.0, help="telemetry history kept, seconds (default 600)")
     p.add_argument("--reset-state", action="store_true",
                    help="if the state file is unusable, move it aside (state.json.corrupt-<time>) and start fresh")
+    p.add_argument("--datapath-bind", metavar="ADDR", default="127.0.0.1",
+                   help="address the lease workers (remote attach data path) listen on (default 127.0.0.1)")
+    p.add_argument("--datapath-advertise", metavar="HOST", default=None,
+                   help="host put in lease endpoints (default: --datapath-bind, or the hostname when that is 0.0.0.0/::)")
+    p.add_argument("--worker-user", metavar="USER", default=None,
+                   help="when gpuctld runs as root, run lease workers as this unprivileged user")
+    p.add_argument("--executor", choices=("auto", "numpy", "cupy"), default="auto",
+                   help="lease workers' executor; auto = cupy with the nvml backend, numpy with simulated")
     return p
+
+
+def datapath_options(args: argparse.Namespace, backend_name: str) -> dict:
+    """The LeaseManager options from the command line: executor, bind, advertise, worker_user.
+
+    Raises ValueError naming the option: --worker-user without root (unless it is gpuctld's own
+    user), an unknown user, or a user with uid 0.
+    """
+    import pwd
+    import socket
+
+    executor = args.executor if args.executor != "auto" else ("cupy" if backend_name == "nvml" else "numpy")
+    bind = args.datapath_bind
+    advertise = args.datapath_advertise or (socket.gethostname() if bind in ("0.0.0.0", "::", "") else bind)
+    user = args.worker_user
+    if user is not None:
+        try:
+            pw = pwd.getpwnam(user)
+        except KeyError:
+            raise ValueError(f"--worker-user: no user {user!r} on this node") from None
+        if pw.pw_uid == 0:
+            raise ValueError(f"--worker-user: {user!r} is root; workers must run as an unprivileged user")
+        if os.geteuid() != 0:
+            if pw.pw_uid != os.geteuid():
+                raise ValueError(f"--worker-user {user}: gpuctld must run as root to start workers as another user")
+            user = None
+    return {"executor": executor, "bind": bind, "advertise": advertise, "worker_user": user}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     elif argv and not argv[0].startswith("-"):
         print(f"gpuctld: unknown command {argv[0]!r}: use 'serve' (default) or 'bridge'", file=sys.stderr)
         return ExitCode.USAGE
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        datapath_options(args, "simulated" if args.backend == "simulated" else "nvml")
+    except ValueError as e:
+        parser.error(str(e))
     return serve_main(args)
 
 
@@ -188,6 +228,20 @@ def serve_main(args: argparse.Namespace) -> int:
         sampler.sample_once()
         sampler.start()
         api = ControlApi(backend_name=backend.name, gpus=gpus, sampler=sampler, state=manager)
+        from gpuctl.daemon.leases import LeaseManager
+
+        dp = datapath_options(args, backend.name)
+        if dp["worker_user"] is None and os.geteuid() == 0:
+            logging.warning("gpuctld runs as root and no --worker-user is set: lease workers run as root")
+        leases = LeaseManager(manager, gpus, hostname=api.hostname, **dp)
+        try:
+            leases.restore()
+        except StateWriteError as e:
+            _say(str(e))
+            sampler.stop()
+            backend.close()
+            return ExitCode.FAILURE
+        leases.install(api)
         try:
             server = serve(api, socket_path, group=args.socket_group)
         except SocketInUseError as e:
@@ -211,14 +265,18 @@ def serve_main(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         serve_in_thread(server)
-        print(f"gpuctld ready: socket={socket_path} backend={backend.name} gpus={len(gpus)}",
-              file=sys.stderr, flush=True)
+        leases.start()
+        print(f"gpuctld ready: socket={socket_path} backend={backend.name} gpus={len(gpus)} "
+              f"executor={dp['executor']} datapath={dp['bind']}", file=sys.stderr, flush=True)
         while not stop.wait(0.2):
             pass
         name = signal.Signals(received[0]).name if received else "signal"
         _say(f"{name}: stopping")
         server.shutdown()
         server.close()
+        ended = leases.close()
+        if ended:
+            _say(f"ended {len(ended)} lease(s) and stopped their workers: {', '.join(ended)}")
         sampler.stop()
         backend.close()
         _say(f"stopped (generation {manager.generation}, socket {socket_path} removed)")

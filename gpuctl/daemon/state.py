@@ -252,6 +252,7 @@ class NodeState:
 def _slice_record(s: Slice) -> dict[str, Any]:
     d = s.to_json()
     d.pop("leased", None)  # derived from lease_id
+    d.pop("usage", None)  # live figures of the lease's worker, not state
     return d
 
 
