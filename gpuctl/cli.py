@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = verb("console", "open the console (same as bare gpuctl)")
     p.add_argument("--readonly", action="store_true", default=argparse.SUPPRESS)
     p.add_argument("--theme", metavar="NAME", default=argparse.SUPPRESS)
+
+    from gpuctl.leases_cli import add_lease_verbs  # lease, release, leases, run
+
+    add_lease_verbs(verb)
     return parser
 
 
@@ -449,6 +453,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 VERBS = {"status": cmd_status, "departments": cmd_departments, "reassign": cmd_reassign,
          "config": cmd_config, "demo": cmd_demo, "console": cmd_console}
+
+from gpuctl.leases_cli import LEASE_VERBS  # noqa: E402 - the lease verbs live in their own module
+
+VERBS.update(LEASE_VERBS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

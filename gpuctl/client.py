@@ -158,6 +158,38 @@ class NodeClient:
         """GET /v1/requests/{id}: the answer recorded for that request id, None if never seen."""
         return self.request("GET", f"/v1/requests/{request_id}", ok_404=True)
 
+    # -- leases (docs/ARCHITECTURE.md, "Leases")
+
+    def grant_lease(self, *, request_id: str, department: str, owner: str, ttl_s: float,
+                    slices: int | None = None, gpus: float | None = None,
+                    slice_ids: list[str] | None = None) -> dict[str, Any]:
+        """POST /v1/leases with exactly one of slices / gpus / slice_ids; returns ``{"lease",
+        "generation", "token", "endpoint", "attach"}`` (the token is in this answer only).
+        NodeError codes: insufficient_slices, wrong_owner, slice_leased, worker_start_failed, ..."""
+        body: dict[str, Any] = {"request_id": request_id, "department": department, "owner": owner,
+                                "ttl_s": ttl_s}
+        if slices is not None:
+            body["slices"] = slices
+        if gpus is not None:
+            body["gpus"] = gpus
+        if slice_ids is not None:
+            body["slice_ids"] = slice_ids
+        return self.request("POST", "/v1/leases", json=body)
+
+    def heartbeat_lease(self, lease_id: str) -> dict[str, Any]:
+        """POST /v1/leases/{id}/heartbeat: ``{"lease_id", "heartbeat_s", "expires_s"}`` (Unix s).
+        NodeError code unknown_lease / lease_ended when the lease is gone."""
+        return self.request("POST", f"/v1/leases/{lease_id}/heartbeat", json={})
+
+    def release_lease(self, lease_id: str) -> dict[str, Any]:
+        """DELETE /v1/leases/{id}: ``{"released", "slice_ids", "drained", "generation"}``.
+        NodeError code unknown_lease when this node has no such lease."""
+        return self.request("DELETE", f"/v1/leases/{lease_id}")
+
+    def leases(self) -> list[dict[str, Any]]:
+        """GET /v1/leases: the node's leases (Lease JSON plus worker_pid, worker_alive, gpu_index, usage)."""
+        return list(self.request("GET", "/v1/leases")["leases"])
+
     def close(self) -> None:
         with self._lock:
             self._drop_transport()

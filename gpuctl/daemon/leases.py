@@ -297,9 +297,10 @@ class LeaseManager:
         """Grant a lease: choose idle slices, start the worker, write the lease, answer.
 
         Returns ``{"lease": Lease.to_json(), "generation", "token": hex, "endpoint": "host:port",
-        "attach": "tcp://host:port?lease=ID&token=HEX"}``. Raises RequestIdReused, InsufficientSlices,
-        UnknownSlice, WrongOwner, SliceLeased, GpuMissing, InvalidRequest (slice_ids on several GPUs),
-        WorkerStartFailed, StateWriteError; nothing changes when it raises.
+        "attach": "tcp://host:port?lease=ID&token=HEX", "gpu_index": NVML index of its GPU}``.
+        Raises RequestIdReused, InsufficientSlices, UnknownSlice, WrongOwner, SliceLeased,
+        GpuMissing, InvalidRequest (slice_ids on several GPUs), WorkerStartFailed,
+        StateWriteError; nothing changes when it raises.
         """
         with self._lock:
             prior = self._requests.get(req.request_id)
@@ -348,7 +349,7 @@ class LeaseManager:
                      ", ".join(lease.slice_ids), gpu_index, quota, share, handle.pid, endpoint, req.ttl_s)
             attach = f"tcp://{endpoint}?lease={lease_id}&token={token.hex()}"
             return {"lease": lease.to_json(), "generation": generation, "token": token.hex(),
-                    "endpoint": endpoint, "attach": attach}
+                    "endpoint": endpoint, "attach": attach, "gpu_index": gpu_index}
 
     def _choose(self, slices: list[Slice], req: GrantRequest) -> tuple[Slice, ...]:
         pick = best_pick(slices, req.department, self.gpu_index, count=req.slices, gpus=req.gpus)
