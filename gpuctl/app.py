@@ -166,17 +166,26 @@ class GpuctlApp(App[None]):
         self.palette = build_palette(self.get_css_variables(), self.source.departments)
 
     def _install_board(self) -> None:
+        """Install gpuctl.screens.board.BoardScreen() as "board" when that module exists. A board
+        that fails to import or build is reported (stderr and a flash) and `:depts` says the board
+        is not available; the rest of the console works on."""
         if self.is_screen_installed("board"):
             return
         try:
             module = importlib.import_module("gpuctl.screens.board")
+            factory = getattr(module, "BoardScreen", None)
+            if factory is not None:
+                self.install_screen(factory(), "board")
         except ModuleNotFoundError as e:
             if e.name != "gpuctl.screens.board":
-                raise
-            return
-        factory = getattr(module, "BoardScreen", None)
-        if factory is not None:
-            self.install_screen(factory(), "board")
+                self._board_failed(e)
+        except Exception as e:  # noqa: BLE001 - a broken board must not take the console down
+            self._board_failed(e)
+
+    def _board_failed(self, error: Exception) -> None:
+        message = f"board not available: {type(error).__name__}: {error}"
+        print(f"gpuctl: {message}", file=sys.stderr)
+        self.flash(message, severity="error")
 
     # -- polling -------------------------------------------------------------------------------
 

@@ -66,7 +66,9 @@ class FleetScreen(GpuctlScreen):
         self._rows: dict[str, FleetRow] = {}
 
     def compose_body(self) -> ComposeResult:
-        table: DataTable = DataTable(id="fleet-table", cursor_type="row", zebra_stripes=True)
+        table: DataTable = DataTable(
+            id="fleet-table", cursor_type="row", zebra_stripes=True, cursor_foreground_priority="renderable"
+        )
         for key, label, width in COLUMNS:
             table.add_column(label, width=width, key=key)
         yield table
@@ -79,7 +81,6 @@ class FleetScreen(GpuctlScreen):
 
     def on_mount(self) -> None:
         self.query_one("#filter", Input).cursor_blink = False
-        super().on_mount()
         self.table.focus()
 
     # -- rendering ------------------------------------------------------------------------------

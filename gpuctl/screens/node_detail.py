@@ -90,6 +90,13 @@ class GpuPanel(Vertical):
     def __init__(self, uuid: str):
         super().__init__(classes="gpu-panel")
         self.uuid = uuid
+        self._pending: tuple | None = None
+        self._ready = False  # set in on_mount (is_mounted is still False there)
+
+    def on_mount(self) -> None:
+        self._ready = True
+        if self._pending is not None:
+            self.show(*self._pending)
 
     def compose(self) -> ComposeResult:
         yield Static("", classes="gpu-title")
@@ -108,7 +115,12 @@ class GpuPanel(Vertical):
         error: str | None,
         palette: Palette,
     ) -> None:
-        """Render `gpu` of `node` with `history` (oldest first) or the history `error`."""
+        """Render `gpu` of `node` with `history` (oldest first) or the history `error`; before the
+        panel is mounted the arguments are kept and rendered on mount."""
+        if not self._ready:
+            self._pending = (node, gpu, history, error, palette)
+            return
+        self._pending = None
         ident = gpu.identity
         state = gpu_state(gpu)
         title = Text(no_wrap=True, overflow="ellipsis", end="")
@@ -182,7 +194,6 @@ class NodeDetailScreen(GpuctlScreen):
         yield VerticalScroll(id="node-gpus")
 
     def on_mount(self) -> None:
-        super().on_mount()
         self._fetch()
 
     def on_unmount(self) -> None:
@@ -261,15 +272,13 @@ class NodeDetailScreen(GpuctlScreen):
             container.remove_children()
             self._panels = {u: GpuPanel(u) for u in uuids}
             container.mount_all(self._panels.values())
-            self.call_after_refresh(self._show_panels, node, gpus)
-            return
         self._show_panels(node, gpus)
 
     def _show_panels(self, node: model.NodeStatus, gpus: list[model.GpuStatus]) -> None:
         palette = self.app.palette
         for gpu in gpus:
             panel = self._panels.get(gpu.uuid)
-            if panel is None or not panel.is_mounted:
+            if panel is None:
                 continue
             hist = self._history.get(gpu.uuid)
             panel.show(node, gpu, list(hist.samples) if hist else [], self._errors.get(gpu.uuid), palette)
