@@ -267,6 +267,13 @@ class GpuctlApp(App[None]):
     def on_resize(self, event: events.Resize) -> None:
         self._check_size(event.size.width, event.size.height)
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """While the terminal is too small only quitting works (no screen is pushed over the
+        notice, so it can always be taken away when the terminal grows)."""
+        if self._too_small is not None and action in ("command_bar", "help", "leases", "depts", "back"):
+            return False
+        return True
+
     def _check_size(self, w: int | None = None, h: int | None = None) -> None:
         if w is None or h is None:
             w, h = self.size
