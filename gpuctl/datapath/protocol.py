@@ -1,0 +1,376 @@
+"""Wire format of the remote-attach data path: frames, limits, value codec, handshake.
+
+A frame is a fixed 20-byte header (``HEADER``, little endian), then ``meta_len`` bytes of UTF-8
+JSON metadata (an object), then ``payload_len`` bytes of raw array data::
+
+    magic b"GCDP" | version u8 | frame type u8 | flags u16 | meta_len u32 | payload_len u64
+
+Nothing is unpickled or evaluated: metadata is JSON decoded into dicts/lists/str/numbers, and the
+values inside op arguments go through :func:`decode_value`, which accepts only a fixed set of
+tagged forms (handle, slice, Ellipsis, dtype, complex) and bounds depth and length. Every length
+and count is bounded by :class:`Limits`; a frame over a limit raises :class:`ProtocolError` and
+the connection is closed (after an ERROR frame when the socket still works).
+
+Raw array bytes travel without copies: senders pass memoryviews to ``socket.sendmsg`` (plain TCP)
+and receivers ``recv_into`` preallocated arrays. docs/DATAPATH.md is the full description.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+#: Protocol version spoken by this code; the handshake refuses any other.
+PROTOCOL_VERSION = 1
+
+MAGIC = b"GCDP"
+HEADER = struct.Struct("<4sBBHIQ")
+HEADER_SIZE = HEADER.size  # 20 bytes
+
+#: dtypes that may cross the wire or be named in an op (names as numpy spells them).
+ALLOWED_DTYPES = frozenset(
+    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 "
+    "complex64 complex128".split()
+)
+
+
+class FrameType(enum.IntEnum):
+    """Frame types. Client -> worker: HELLO, BATCH, BYE. Worker -> client: WELCOME, REPLY, ERROR."""
+
+    HELLO = 1
+    WELCOME = 2
+    BATCH = 3
+    REPLY = 4
+    ERROR = 5
+    BYE = 6
+
+
+#: Flag on a BATCH: the client waits for one REPLY (a synchronization point).
+FLAG_SYNC = 0x1
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on everything a peer can make the other side allocate or loop over.
+
+    max_meta_bytes: metadata JSON per frame (bytes). max_payload_bytes: raw data per frame (bytes).
+    max_ops: operations per BATCH. max_buffers: raw buffers per BATCH. max_ndim: array rank.
+    max_elements: elements of one array. max_handles: live handles per connection. max_depth:
+    nesting of argument values. max_seq: elements of one argument list/tuple. max_token_bytes:
+    length of a lease token.
+    """
+
+    max_meta_bytes: int = 8 << 20
+    max_payload_bytes: int = 4 << 30
+    max_ops: int = 1 << 16
+    max_buffers: int = 1 << 12
+    max_ndim: int = 32
+    max_elements: int = 1 << 36
+    max_handles: int = 1 << 20
+    max_depth: int = 8
+    max_seq: int = 1 << 12
+    max_token_bytes: int = 256
+
+    def to_json(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+DEFAULT_LIMITS = Limits()
+
+
+class ProtocolError(Exception):
+    """A peer broke the protocol (bad magic, version, frame type, lengths over limits, bad JSON,
+    truncated frame). The connection is closed; ``code`` is a stable machine-readable reason."""
+
+    def __init__(self, message: str, code: str = "protocol"):
+        super().__init__(message)
+        self.code = code
+
+
+class ConnectionLost(ProtocolError):
+    """The peer closed the connection (or it broke) in the middle of or between frames."""
+
+    def __init__(self, message: str):
+        super().__init__(message, code="connection_lost")
+
+
+@dataclass
+class Header:
+    """A decoded frame header (see the module docstring for the layout)."""
+
+    version: int
+    ftype: FrameType
+    flags: int
+    meta_len: int
+    payload_len: int
+
+
+def pack_header(ftype: int, meta_len: int, payload_len: int, flags: int = 0) -> bytes:
+    """The 20 header bytes of a frame."""
+    return HEADER.pack(MAGIC, PROTOCOL_VERSION, int(ftype), flags, meta_len, payload_len)
+
+
+def parse_header(buf: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS) -> Header:
+    """Decode and bound-check 20 header bytes.
+
+    Raises ProtocolError (code "bad_magic", "version", "frame_type", "oversized") naming the field.
+    """
+    if len(buf) != HEADER_SIZE:
+        raise ProtocolError(f"header: {len(buf)} bytes, expected {HEADER_SIZE}", "truncated")
+    magic, version, ftype, flags, meta_len, payload_len = HEADER.unpack(buf)
+    if magic != MAGIC:
+        raise ProtocolError(f"header.magic: {bytes(magic)!r} is not {MAGIC!r}", "bad_magic")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"header.version: protocol {version} not supported (this side speaks {PROTOCOL_VERSION})",
+            "version",
+        )
+    try:
+        ft = FrameType(ftype)
+    except ValueError:
+        raise ProtocolError(f"header.type: unknown frame type {ftype}", "frame_type") from None
+    if meta_len > limits.max_meta_bytes:
+        raise ProtocolError(
+            f"header.meta_len: {meta_len} bytes exceeds the limit of {limits.max_meta_bytes}", "oversized"
+        )
+    if payload_len > limits.max_payload_bytes:
+        raise ProtocolError(
+            f"header.payload_len: {payload_len} bytes exceeds the limit of {limits.max_payload_bytes}",
+            "oversized",
+        )
+    return Header(version, ft, flags, meta_len, payload_len)
+
+
+def encode_meta(meta: dict[str, Any]) -> bytes:
+    """Metadata as compact UTF-8 JSON."""
+    return json.dumps(meta, separators=(",", ":"), allow_nan=True).encode()
+
+
+def decode_meta(buf: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """Parse metadata JSON; it must be an object. Raises ProtocolError("bad_meta") otherwise."""
+    try:
+        meta = json.loads(bytes(buf))
+    except (ValueError, RecursionError) as e:
+        raise ProtocolError(f"meta: not valid JSON ({str(e)[:120]})", "bad_meta") from None
+    if not isinstance(meta, dict):
+        raise ProtocolError(f"meta: expected a JSON object, got {type(meta).__name__}", "bad_meta")
+    return meta
+
+
+# ---------------------------------------------------------------------------------------------
+# socket I/O
+
+
+def recv_exact_into(sock: socket.socket, view: memoryview, what: str = "frame") -> None:
+    """Fill `view` entirely from `sock` (recv_into loop, no copies).
+
+    Raises ConnectionLost naming `what` and how many bytes arrived when the peer closes early.
+    """
+    n = len(view)
+    got = 0
+    while got < n:
+        try:
+            k = sock.recv_into(view[got:], min(n - got, 1 << 24))
+        except (ConnectionError, OSError) as e:
+            raise ConnectionLost(f"{what}: connection broken after {got} of {n} bytes ({e})") from None
+        if k == 0:
+            raise ConnectionLost(f"{what}: connection closed after {got} of {n} bytes")
+        got += k
+
+
+def recv_header(sock: socket.socket, limits: Limits = DEFAULT_LIMITS) -> Header:
+    """Read and check one frame header. ConnectionLost("...closed after 0 of 20") at a clean EOF."""
+    buf = bytearray(HEADER_SIZE)
+    recv_exact_into(sock, memoryview(buf), "header")
+    return parse_header(buf, limits)
+
+
+def recv_meta(sock: socket.socket, hdr: Header) -> dict[str, Any]:
+    """Read and decode the metadata of a frame whose header was just read."""
+    if hdr.meta_len == 0:
+        return {}
+    buf = bytearray(hdr.meta_len)
+    recv_exact_into(sock, memoryview(buf), "meta")
+    return decode_meta(buf)
+
+
+def drain(sock: socket.socket, nbytes: int, scratch: memoryview | None = None) -> None:
+    """Read and discard `nbytes` from `sock` (a payload whose buffer was refused)."""
+    scratch = scratch if scratch is not None else memoryview(bytearray(min(nbytes, 1 << 20) or 1))
+    left = nbytes
+    while left:
+        k = min(left, len(scratch))
+        recv_exact_into(sock, scratch[:k], "payload")
+        left -= k
+
+
+def send_frame(
+    sock: socket.socket,
+    ftype: int,
+    meta: dict[str, Any] | bytes,
+    buffers: Iterable[memoryview] = (),
+    flags: int = 0,
+) -> int:
+    """Send one frame: header, metadata and raw buffers, in one ``sendmsg`` where the socket allows.
+
+    `buffers` are sent as they are (memoryviews of C-contiguous arrays: no copy). Returns the
+    number of bytes sent. Raises ConnectionLost when the peer is gone.
+    """
+    meta_b = meta if isinstance(meta, (bytes, bytearray)) else encode_meta(meta)
+    bufs = [b if isinstance(b, memoryview) else memoryview(b) for b in buffers]
+    bufs = [b.cast("B") if (b.format != "B" or b.ndim != 1) else b for b in bufs]
+    payload_len = sum(len(b) for b in bufs)
+    parts = [memoryview(pack_header(ftype, len(meta_b), payload_len, flags)), memoryview(meta_b)]
+    parts.extend(b for b in bufs if len(b))
+    send_parts(sock, parts)
+    return HEADER_SIZE + len(meta_b) + payload_len
+
+
+def send_parts(sock: socket.socket, parts: list[memoryview]) -> None:
+    """Send every part in order. Plain sockets: scatter-gather ``sendmsg`` (handles partial sends);
+    TLS sockets (no sendmsg): ``sendall`` per part. Raises ConnectionLost."""
+    parts = [p for p in parts if len(p)]
+    try:
+        if not hasattr(sock, "sendmsg") or _is_tls(sock):
+            for p in parts:
+                sock.sendall(p)
+            return
+        i = 0
+        while i < len(parts):
+            batch = parts[i : i + 64]
+            sent = sock.sendmsg(batch)
+            while sent:
+                head = parts[i]
+                if sent >= len(head):
+                    sent -= len(head)
+                    i += 1
+                else:
+                    parts[i] = head[sent:]
+                    sent = 0
+    except (ConnectionError, OSError) as e:
+        raise ConnectionLost(f"send: connection broken ({e})") from None
+
+
+def _is_tls(sock: socket.socket) -> bool:
+    import ssl
+
+    return isinstance(sock, ssl.SSLSocket)
+
+
+def tune_socket(sock: socket.socket, buffer_bytes: int = 4 << 20) -> None:
+    """TCP_NODELAY and large socket buffers (both directions) on a TCP socket; no-op otherwise."""
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:
+        pass
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, buffer_bytes)
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------------------------------------
+# argument values
+
+
+class Handle(int):
+    """A decoded handle reference ``{"h": N}`` (an int subclass so that it is cheap to look up)."""
+
+
+def decode_value(v: Any, limits: Limits = DEFAULT_LIMITS, depth: int = 0) -> Any:
+    """Decode one op argument from its JSON form, accepting only these forms:
+
+    null/bool/int/float/str as themselves; a JSON list -> tuple (of decoded values);
+    ``{"h": N}`` -> :class:`Handle`; ``{"s": [start, stop, step]}`` -> slice of ints/None;
+    ``{"e": 1}`` -> Ellipsis; ``{"d": "float32"}`` -> a dtype name from ALLOWED_DTYPES (str
+    wrapped as :class:`DType`); ``{"c": [re, im]}`` -> complex.
+
+    Raises ValueError naming what is wrong (depth, length, unknown tag, wrong types).
+    """
+    if v is None or isinstance(v, (bool, int, float, str)):
+        if isinstance(v, str) and len(v) > 4096:
+            raise ValueError(f"string argument of {len(v)} characters (limit 4096)")
+        return v
+    if depth >= limits.max_depth:
+        raise ValueError(f"argument nested deeper than {limits.max_depth}")
+    if isinstance(v, list):
+        if len(v) > limits.max_seq:
+            raise ValueError(f"argument list of {len(v)} items (limit {limits.max_seq})")
+        return tuple(decode_value(x, limits, depth + 1) for x in v)
+    if isinstance(v, dict):
+        if len(v) != 1:
+            raise ValueError(f"tagged value must have exactly one key, got {sorted(v)[:4]}")
+        (tag, x), = v.items()
+        if tag == "h":
+            if type(x) is not int or x < 0:
+                raise ValueError(f"handle must be a non-negative integer, got {x!r}")
+            return Handle(x)
+        if tag == "s":
+            if not (isinstance(x, list) and len(x) == 3 and all(e is None or type(e) is int for e in x)):
+                raise ValueError(f"slice must be [start, stop, step] of integers or null, got {x!r}")
+            return slice(*x)
+        if tag == "e":
+            return Ellipsis
+        if tag == "d":
+            if x not in ALLOWED_DTYPES:
+                raise ValueError(f"dtype {x!r} is not allowed (allowed: {', '.join(sorted(ALLOWED_DTYPES))})")
+            return DType(x)
+        if tag == "c":
+            if not (isinstance(x, list) and len(x) == 2 and all(isinstance(e, (int, float)) for e in x)):
+                raise ValueError(f"complex must be [re, im], got {x!r}")
+            return complex(x[0], x[1])
+        raise ValueError(f"unknown tagged value {tag!r}")
+    raise ValueError(f"argument of type {type(v).__name__} is not allowed")
+
+
+class DType(str):
+    """A decoded dtype name (validated against ALLOWED_DTYPES)."""
+
+
+def describe_value(v: Any) -> str:
+    """A short human form of a decoded argument for error messages: handles as ``h3``."""
+    if isinstance(v, Handle):
+        return f"h{int(v)}"
+    if isinstance(v, tuple):
+        return "(" + ", ".join(describe_value(x) for x in v[:6]) + (", ..." if len(v) > 6 else "") + ")"
+    if isinstance(v, slice):
+        return f"{'' if v.start is None else v.start}:{'' if v.stop is None else v.stop}" + (
+            f":{v.step}" if v.step is not None else ""
+        )
+    if v is Ellipsis:
+        return "..."
+    if isinstance(v, DType):
+        return str(v)
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+# ---------------------------------------------------------------------------------------------
+# handshake
+
+
+def hello_meta(lease_id: str, client: str = "gpuctl.remote") -> dict[str, Any]:
+    """The HELLO frame's metadata (the token travels as its payload, never in JSON)."""
+    return {"protocol": PROTOCOL_VERSION, "lease_id": lease_id, "client": client}
+
+
+def check_hello(
+    meta: dict[str, Any], token: bytes, lease_id: str, expected_token: bytes,
+    compare: Callable[[bytes, bytes], bool],
+) -> None:
+    """Check a HELLO: protocol version, lease id and token (compared with `compare`, which must be
+    constant-time: hmac.compare_digest). Raises ProtocolError code "version" or "auth"."""
+    if meta.get("protocol") != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"hello.protocol: client speaks {meta.get('protocol')!r}, worker speaks {PROTOCOL_VERSION}",
+            "version",
+        )
+    ok_token = compare(bytes(token), expected_token)
+    ok_lease = compare(str(meta.get("lease_id", "")).encode(), lease_id.encode())
+    if not (ok_token and ok_lease):
+        raise ProtocolError("hello: lease token refused (wrong token or lease id)", "auth")

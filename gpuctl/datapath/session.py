@@ -1,0 +1,372 @@
+"""One client connection to a data-path worker: its handle table, op execution and replies.
+
+Handles are minted by the client (per connection, never shared): two connections, and a fortiori
+two leases (separate worker processes), cannot name each other's arrays. A BATCH runs its ops in
+order; an op that fails records the first error since the last synchronization ("op #17
+matmul(h3, h9): shapes (3,4) and (5,6) not aligned") and poisons its output handles, and the
+batch goes on. A BATCH flagged SYNC gets one REPLY: the answers of its query ops (get, meta, mem,
+stats, sync) and that first error, which the client raises. Protocol errors (ProtocolError) end
+the connection; op errors never do.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import sys
+from typing import Any
+
+import numpy as np
+
+from gpuctl.datapath import ops as ops_mod
+from gpuctl.datapath.accounting import LeaseAccounting, QuotaExceeded
+from gpuctl.datapath.protocol import (
+    ALLOWED_DTYPES,
+    FLAG_SYNC,
+    HEADER_SIZE,
+    ConnectionLost,
+    DType,
+    FrameType,
+    Handle,
+    Header,
+    Limits,
+    ProtocolError,
+    decode_value,
+    describe_value,
+    drain,
+    encode_meta,
+    pack_header,
+    recv_exact_into,
+    recv_header,
+    recv_meta,
+    send_parts,
+)
+
+#: Op names answered in the REPLY of a SYNC batch.
+QUERIES = frozenset({"get", "meta", "mem", "stats", "sync"})
+
+#: Exception classes whose names travel to the client as they are; others become "RemoteError".
+_PLAIN_ERRORS = ("ValueError", "TypeError", "IndexError", "ZeroDivisionError", "NotImplementedError",
+                 "FloatingPointError", "OverflowError", "AxisError")
+
+
+class Poisoned:
+    """Stands in the handle table for the output of a failed op; using it names that failure."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str):
+        self.message = message
+
+
+class PayloadReader:
+    """Reads a BATCH's raw buffers from the socket in order, as its upload ops execute (so a free
+    queued before an upload counts before the upload's quota check). Buffers no op took are
+    drained at the end."""
+
+    def __init__(self, sock: socket.socket, descs: list[tuple[str, tuple[int, ...], int]]):
+        self.sock = sock
+        self.descs = descs
+        self.next = 0
+
+    def skip_to(self, k: int) -> None:
+        while self.next < k:
+            drain(self.sock, self.descs[self.next][2])
+            self.next += 1
+
+    def take(self, k: Any, session: "Session", what: str) -> Any:
+        """Buffer `k` as a new executor array (bytes received straight into it). Raises ValueError
+        for a bad index, QuotaExceeded when it does not fit (its bytes are drained)."""
+        if type(k) is not int or not 0 <= k < len(self.descs):
+            raise ValueError(f"upload: buffer index {k!r} out of range (batch has {len(self.descs)})")
+        if k < self.next:
+            raise ValueError(f"upload: buffer {k} was already consumed")
+        self.skip_to(k)
+        dtype, shape, nbytes = self.descs[k]
+        self.next = k + 1
+        filled = []
+
+        def fill(view: memoryview) -> None:
+            filled.append(True)
+            recv_exact_into(self.sock, view, "payload")
+
+        try:
+            session.acct.check(nbytes, what)
+            return session.executor.upload(dtype, shape, fill)
+        except ProtocolError:
+            raise
+        except BaseException:
+            if not filled:
+                drain(self.sock, nbytes)
+            raise
+
+    def finish(self) -> None:
+        self.skip_to(len(self.descs))
+
+
+class Session:
+    """State of one authenticated connection (see the module docstring).
+
+    executor: NumpyExecutor or CupyExecutor. acct: the lease's shared LeaseAccounting.
+    """
+
+    def __init__(self, sock: socket.socket, executor: Any, acct: LeaseAccounting, limits: Limits,
+                 info: dict[str, Any]):
+        self.sock = sock
+        self.executor = executor
+        self.xp = executor.xp
+        self.acct = acct
+        self.limits = limits
+        self.info = info
+        self.handles: dict[int, Any] = {}
+        self.seq = 0
+        self.error: dict[str, Any] | None = None
+        self._rng: Any = None
+
+    # -- used by ops ---------------------------------------------------------------------------
+    def seed_rng(self, seed: Any) -> None:
+        if seed is not None and (type(seed) is not int or not 0 <= seed < 2**32):
+            raise ValueError(f"random seed must be an integer in [0, 2**32), got {seed!r}")
+        self._rng = self.executor.new_rng(seed)
+
+    def rng(self) -> Any:
+        if self._rng is None:
+            self._rng = self.executor.new_rng(None)
+        return self._rng
+
+    # -- serving -------------------------------------------------------------------------------
+    def serve(self) -> None:
+        """Serve BATCH frames until BYE or EOF. Raises ProtocolError on a broken frame."""
+        while True:
+            try:
+                hdr = recv_header(self.sock, self.limits)
+            except ConnectionLost:
+                return
+            if hdr.ftype == FrameType.BYE:
+                return
+            if hdr.ftype != FrameType.BATCH:
+                raise ProtocolError(f"frame type {hdr.ftype.name} not expected after the handshake", "frame_type")
+            meta = recv_meta(self.sock, hdr)
+            self.run_batch(hdr, meta)
+
+    def close(self) -> None:
+        """Free every handle of this connection (its memory leaves the lease's accounting)."""
+        for arr in list(self.handles.values()):
+            if not isinstance(arr, Poisoned):
+                self.acct.release(arr)
+        self.handles.clear()
+
+    def _buffer_descs(self, bufs: Any, payload_len: int) -> list[tuple[str, tuple[int, ...], int]]:
+        if not isinstance(bufs, list) or len(bufs) > self.limits.max_buffers:
+            raise ProtocolError(f"meta.bufs: must be a list of at most {self.limits.max_buffers} buffers", "bad_meta")
+        descs = []
+        total = 0
+        for i, b in enumerate(bufs):
+            ok = (isinstance(b, list) and len(b) == 2 and b[0] in ALLOWED_DTYPES and isinstance(b[1], list)
+                  and len(b[1]) <= self.limits.max_ndim
+                  and all(type(d) is int and d >= 0 for d in b[1]))
+            if not ok:
+                raise ProtocolError(f"meta.bufs[{i}]: expected [dtype, [dims...]], got {str(b)[:80]}", "bad_meta")
+            n = math.prod(b[1])
+            if n > self.limits.max_elements:
+                raise ProtocolError(f"meta.bufs[{i}]: {n} elements (limit {self.limits.max_elements})", "oversized")
+            nbytes = n * np.dtype(b[0]).itemsize
+            total += nbytes
+            descs.append((b[0], tuple(b[1]), nbytes))
+        if total != payload_len:
+            raise ProtocolError(f"meta.bufs: buffers describe {total} bytes but header.payload_len is {payload_len}",
+                                "bad_meta")
+        return descs
+
+    def run_batch(self, hdr: Header, meta: dict[str, Any]) -> None:
+        """Execute one BATCH (reading its payload as uploads need it) and reply if it is SYNC."""
+        ops = meta.get("ops", [])
+        if not isinstance(ops, list) or len(ops) > self.limits.max_ops:
+            raise ProtocolError(f"meta.ops: must be a list of at most {self.limits.max_ops} ops", "bad_meta")
+        reader = PayloadReader(self.sock, self._buffer_descs(meta.get("bufs", []), hdr.payload_len))
+        queries: list[tuple[str, Any]] = []
+        for op in ops:
+            self.seq += 1
+            self._run_op(op, reader, queries)
+        reader.finish()
+        self.acct.add_io(bytes_in=HEADER_SIZE + hdr.meta_len + hdr.payload_len, ops=len(ops))
+        if hdr.flags & FLAG_SYNC:
+            self._reply(queries)
+
+    # -- one op --------------------------------------------------------------------------------
+    def _resolve(self, v: Any) -> Any:
+        if isinstance(v, Handle):
+            arr = self.handles.get(int(v))
+            if arr is None:
+                raise KeyError(f"unknown handle h{int(v)} (freed, or never created on this connection)")
+            if isinstance(arr, Poisoned):
+                raise RuntimeError(f"h{int(v)} is not available: {arr.message}")
+            return arr
+        if isinstance(v, tuple):
+            return tuple(self._resolve(x) for x in v)
+        if isinstance(v, DType):
+            return str(v)
+        return v
+
+    def _run_op(self, op: Any, reader: PayloadReader, queries: list) -> None:
+        seq = self.seq
+        name: Any = "?"
+        args: tuple = ()
+        outs: list = []
+        try:
+            if not isinstance(op, list) or len(op) not in (3, 4):
+                raise TypeError("an op must be [name, outs, args] or [name, outs, args, kwargs]")
+            name, outs, raw_args = op[0], op[1], op[2]
+            raw_kwargs = op[3] if len(op) == 4 else {}
+            if not isinstance(outs, list) or len(outs) > 8 or not all(type(h) is int and h >= 0 for h in outs):
+                outs = []
+                raise TypeError("outs must be a list of at most 8 non-negative integer handles")
+            if not isinstance(raw_args, list) or not isinstance(raw_kwargs, dict):
+                raise TypeError("args must be a list and kwargs an object")
+            args = decode_value(raw_args, self.limits)
+            kwargs = {str(k): decode_value(v, self.limits) for k, v in raw_kwargs.items()}
+            what = f"op #{seq} {name}"
+            if name == "upload":
+                self._store(outs, reader.take(args[0] if args else None, self, what), what)
+            elif name == "free":
+                for h in args:
+                    self._free(h)
+            elif name in QUERIES:
+                queries.append(self._query(name, args))
+            elif name == "rawkernel":
+                self.executor.rawkernel(self, *self._resolve(args), **{k: self._resolve(v) for k, v in kwargs.items()})
+            else:
+                spec = ops_mod.lookup(name)
+                extra = set(kwargs) - spec.kwargs
+                if extra:
+                    raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(extra))}")
+                rargs = self._resolve(args)
+                rkwargs = {k: self._resolve(v) for k, v in kwargs.items()}
+                if spec.estimate is not None and outs:
+                    try:
+                        est = spec.estimate(rargs, rkwargs)
+                    except (IndexError, KeyError, AttributeError):
+                        est = None
+                    if est:
+                        self.acct.check(int(est), what)
+                result = spec.fn(self, *rargs, **rkwargs)
+                self._store(outs, result, what)
+        except ProtocolError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - every op failure is reported to the client
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            self._fail(seq, name, args, outs, e, queries if name in QUERIES else None)
+
+    def _store(self, outs: list, result: Any, what: str) -> None:
+        if not outs:
+            return
+        results = result if isinstance(result, tuple) else (result,)
+        if len(results) != len(outs):
+            raise ValueError(f"op gives {len(results)} results for {len(outs)} handles")
+        arrays = [self.executor.asarray(r) for r in results]
+        for h in outs:
+            if h in self.handles:
+                raise ValueError(f"handle h{h} is already in use on this connection")
+        if len(self.handles) + len(outs) > self.limits.max_handles:
+            raise ValueError(f"too many live handles (limit {self.limits.max_handles})")
+        done = []
+        try:
+            for h, arr in zip(outs, arrays):
+                self.acct.acquire(arr, what)
+                done.append(arr)
+        except QuotaExceeded:
+            for arr in done:
+                self.acct.release(arr)
+            raise
+        for h, arr in zip(outs, arrays):
+            self.handles[h] = arr
+
+    def _free(self, h: Any) -> None:
+        if not isinstance(h, Handle):
+            raise TypeError(f"free takes handles, got {h!r}")
+        arr = self.handles.pop(int(h), None)
+        if arr is not None and not isinstance(arr, Poisoned):
+            self.acct.release(arr)
+
+    def _query(self, name: str, args: tuple) -> tuple[str, Any]:
+        if name == "get" or name == "meta":
+            if len(args) != 1:
+                raise TypeError(f"{name} takes one handle")
+            arr = self._resolve(args[0])
+            return (name, arr)
+        if name == "sync":
+            self.executor.synchronize()
+            return (name, None)
+        if name == "mem":
+            snap = self.acct.snapshot()
+            return (name, {"free_bytes": max(0, snap["quota_bytes"] - snap["memory_in_use_bytes"]),
+                           "total_bytes": snap["quota_bytes"]})
+        snap = self.acct.snapshot()
+        snap.update(self.info)
+        snap["handles"] = len(self.handles)
+        return (name, snap)
+
+    def _fail(self, seq: int, name: Any, args: tuple, outs: list, e: BaseException, queries: list | None) -> None:
+        if isinstance(e, QuotaExceeded) or isinstance(e, MemoryError) or self.executor.is_oom(e):
+            etype = "OutOfMemoryError"
+        elif isinstance(e, KeyError) and str(e.args[0] if e.args else "").startswith("unknown op"):
+            etype = "UnknownOpError"
+        elif type(e).__name__ in _PLAIN_ERRORS:
+            etype = "IndexError" if type(e).__name__ == "AxisError" else type(e).__name__
+        else:
+            etype = "RemoteError"
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        desc = ", ".join(describe_value(a) for a in (args if isinstance(args, tuple) else ()))
+        text = f"op #{seq} {name if isinstance(name, str) else '?'}({desc}): {msg}"
+        if self.error is None:
+            self.error = {"type": etype, "message": text, "op": seq}
+        for h in outs:
+            if h not in self.handles:
+                self.handles[h] = Poisoned(text)
+        if queries is not None:
+            queries.append((name, None))
+
+    # -- reply ---------------------------------------------------------------------------------
+    def _reply(self, queries: list[tuple[str, Any]]) -> None:
+        results: list[Any] = []
+        payload_arrays: list[Any] = []
+        for name, value in queries:
+            if value is None:
+                results.append(None)
+            elif name in ("get", "meta"):
+                entry = {"shape": list(value.shape), "dtype": str(value.dtype)}
+                if name == "get":
+                    entry["nbytes"] = int(value.nbytes)
+                    payload_arrays.append(value)
+                results.append(entry)
+            else:
+                results.append(value)
+        if self.error is None:
+            try:
+                self.executor.synchronize()
+            except Exception as e:  # noqa: BLE001 - an asynchronous device error surfaces here
+                self.error = {"type": "RemoteError", "message": f"device error at sync: {e}", "op": self.seq}
+        error, self.error = self.error, None
+        if error is not None:
+            payload_arrays = []
+            results = [None if isinstance(r, dict) and "nbytes" in r else r for r in results]
+        meta = encode_meta({"results": results, "error": error, "seq": self.seq})
+        payload_len = sum(int(a.nbytes) for a in payload_arrays)
+        parts: list[memoryview] | None = [memoryview(pack_header(FrameType.REPLY, len(meta), payload_len)),
+                                          memoryview(meta)]
+        for arr in payload_arrays:
+            for chunk in self.executor.host_chunks(arr):
+                if parts is not None:
+                    send_parts(self.sock, parts + [chunk])
+                    parts = None
+                else:
+                    send_parts(self.sock, [chunk])
+        if parts is not None:
+            send_parts(self.sock, parts)
+        self.acct.add_io(bytes_out=HEADER_SIZE + len(meta) + payload_len)
+
+
+def log(msg: str) -> None:
+    """One line to the worker's stderr (the daemon keeps it in the worker's log)."""
+    print(f"gpuctl-worker: {msg}", file=sys.stderr, flush=True)

@@ -1,0 +1,374 @@
+"""The client side of the data path: one connection to a lease's worker, its op queue and flushes.
+
+Ops that return arrays are queued with handles minted here and sent without waiting; the queue is
+sent as one BATCH frame at each synchronization point (``.get()``, scalar conversion, a shape the
+client could not infer, ``synchronize()``, ``memGetInfo()``), or earlier when it grows past
+``MAX_QUEUED_OPS`` ops or ``FLUSH_PAYLOAD_BYTES`` of uploads (then without waiting for an answer).
+
+``GPUCTL_ATTACH`` format: ``tcp://HOST:PORT?lease=ID&token=HEX`` or
+``tls://HOST:PORT?lease=ID&token=HEX[&ca=PEM_PATH][&server_name=NAME]``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+import threading
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpuctl.datapath.protocol import (
+    FLAG_SYNC,
+    ConnectionLost,
+    FrameType,
+    Limits,
+    ProtocolError,
+    encode_meta,
+    hello_meta,
+    pack_header,
+    recv_exact_into,
+    recv_header,
+    recv_meta,
+    send_frame,
+    send_parts,
+    tune_socket,
+)
+
+MAX_QUEUED_OPS = 4096
+FLUSH_PAYLOAD_BYTES = 1 << 20
+#: Uploads smaller than this are copied when queued (so later writes to the NumPy array do not
+#: change what is sent); larger ones are sent at once.
+COPY_UPLOAD_BELOW_BYTES = 1 << 16
+
+
+class RemoteError(RuntimeError):
+    """An op failed on the worker for a reason with no closer Python type. The message names the
+    op: ``op #17 matmul(h3, h9): ...``."""
+
+
+class UnknownOpError(RemoteError):
+    """The worker does not allow that op (it is not in the data path's allow-list)."""
+
+
+class AttachError(ConnectionError):
+    """Could not attach: bad GPUCTL_ATTACH, connection refused, token refused, lease expired, or
+    protocol version mismatch. The message says which, with the endpoint."""
+
+
+class WorkerLostError(ConnectionError):
+    """The connection to the lease's worker broke (worker ended, lease expired or revoked, or the
+    network failed). Queued ops are lost; every later op raises this too."""
+
+
+@dataclass(frozen=True)
+class AttachSpec:
+    """Where and how to attach: host, port, lease id, token (raw bytes), TLS settings."""
+
+    host: str
+    port: int
+    lease_id: str
+    token: bytes
+    tls: bool = False
+    cafile: str | None = None
+    server_name: str | None = None
+
+
+def parse_attach(value: str, source: str = "GPUCTL_ATTACH") -> AttachSpec:
+    """Parse ``tcp://HOST:PORT?lease=ID&token=HEX`` (or ``tls://...&ca=PATH&server_name=NAME``).
+
+    Raises AttachError naming `source` and the part that is wrong (the token is never echoed).
+    """
+    u = urllib.parse.urlsplit(value.strip())
+    if u.scheme not in ("tcp", "tls"):
+        raise AttachError(f"{source}: scheme must be tcp:// or tls://, got {u.scheme or '(none)'!r}")
+    try:
+        host, port = u.hostname, u.port
+    except ValueError:
+        host, port = None, None
+    if not host or not port:
+        raise AttachError(f"{source}: expected HOST:PORT after {u.scheme}://")
+    q = urllib.parse.parse_qs(u.query)
+    lease = q.get("lease", [""])[0]
+    token_hex = q.get("token", [""])[0]
+    if not lease:
+        raise AttachError(f"{source}: missing lease=ID")
+    try:
+        token = bytes.fromhex(token_hex)
+    except ValueError:
+        raise AttachError(f"{source}: token= must be hexadecimal") from None
+    if not token:
+        raise AttachError(f"{source}: missing token=HEX")
+    return AttachSpec(host, port, lease, token, u.scheme == "tls", q.get("ca", [None])[0],
+                      q.get("server_name", [None])[0])
+
+
+class Connection:
+    """One attached lease. Thread-safe (one lock around the queue and the socket); arrays
+    hold it, and their garbage collection queues ``free`` ops (sent with the next batch)."""
+
+    def __init__(self, spec: AttachSpec, timeout_s: float = 30.0):
+        self.spec = spec
+        self.endpoint = f"{spec.host}:{spec.port}"
+        self.lease_id = spec.lease_id
+        self._lock = threading.RLock()
+        self._ops: list[list] = []
+        self._bufs: list[list] = []
+        self._payload: list[memoryview] = []
+        self._payload_bytes = 0
+        self._pending_free: list[int] = []
+        self._next_handle = 1
+        self.ops_sent = 0
+        self.lost: str | None = None
+        try:
+            sock = socket.create_connection((spec.host, spec.port), timeout=timeout_s)
+        except OSError as e:
+            raise AttachError(f"cannot connect to the worker of lease {spec.lease_id} at {self.endpoint}: {e}") from None
+        tune_socket(sock)
+        if spec.tls:
+            ctx = ssl.create_default_context(cafile=spec.cafile)
+            try:
+                sock = ctx.wrap_socket(sock, server_hostname=spec.server_name or spec.host)
+            except (ssl.SSLError, OSError) as e:
+                sock.close()
+                raise AttachError(f"TLS handshake with {self.endpoint} failed: {e}") from None
+        self.sock = sock
+        try:
+            send_frame(sock, FrameType.HELLO, hello_meta(spec.lease_id), [memoryview(spec.token)])
+            hdr = recv_header(sock, Limits(max_meta_bytes=1 << 16, max_payload_bytes=0))
+            meta = recv_meta(sock, hdr)
+        except (ProtocolError, OSError) as e:
+            sock.close()
+            raise AttachError(f"handshake with the worker of lease {spec.lease_id} at {self.endpoint} failed: {e}") from None
+        if hdr.ftype == FrameType.ERROR:
+            sock.close()
+            raise AttachError(f"worker at {self.endpoint} refused lease {spec.lease_id}: {meta.get('message')}")
+        if hdr.ftype != FrameType.WELCOME:
+            sock.close()
+            raise AttachError(f"worker at {self.endpoint} answered {hdr.ftype.name} to HELLO")
+        sock.settimeout(None)
+        self.welcome = meta
+        self.executor: str = meta.get("executor", "?")
+        self.quota_bytes: int = int(meta.get("quota_bytes", 0))
+
+    # -- queue ---------------------------------------------------------------------------------
+    def mint(self) -> int:
+        """A new handle number (unique on this connection)."""
+        with self._lock:
+            h = self._next_handle
+            self._next_handle += 1
+            return h
+
+    def enqueue(self, name: str, outs: list[int], args: list, kwargs: dict | None = None) -> None:
+        """Queue one op (args already encoded). Sends a non-waiting batch when the queue is long."""
+        with self._lock:
+            self._check()
+            if self._pending_free:
+                self._take_frees()
+            self._ops.append([name, outs, args, kwargs] if kwargs else [name, outs, args])
+            if len(self._ops) >= MAX_QUEUED_OPS:
+                self._send_batch(sync=False)
+
+    def upload(self, arr: np.ndarray) -> int:
+        """Queue an upload of host array `arr` (C order); returns its new handle. Small arrays are
+        copied now, large ones are sent now (zero-copy), so later writes to `arr` do not leak in."""
+        arr = np.asarray(arr)
+        if arr.dtype.kind == "O" or str(arr.dtype) not in _WIRE_DTYPES:
+            raise TypeError(f"cannot send an array of dtype {arr.dtype} (allowed: {', '.join(sorted(_WIRE_DTYPES))})")
+        small = arr.nbytes < COPY_UPLOAD_BELOW_BYTES
+        arr = np.array(arr, order="C", copy=True) if small else np.ascontiguousarray(arr)
+        with self._lock:
+            self._check()
+            if self._pending_free:
+                self._take_frees()
+            h = self.mint()
+            k = len(self._bufs)
+            self._bufs.append([str(arr.dtype), list(arr.shape)])
+            if arr.nbytes:
+                self._payload.append(memoryview(arr).cast("B"))
+            self._payload_bytes += arr.nbytes
+            self._ops.append(["upload", [h], [k]])
+            if not small or self._payload_bytes >= FLUSH_PAYLOAD_BYTES or len(self._ops) >= MAX_QUEUED_OPS:
+                self._send_batch(sync=False)
+            return h
+
+    def free_later(self, h: int) -> None:
+        """Called from ndarray.__del__: never takes the lock; the free goes with the next batch."""
+        self._pending_free.append(h)
+
+    def _take_frees(self) -> None:
+        frees, self._pending_free[:] = list(self._pending_free), []
+        self._ops.append(["free", [], [{"h": h} for h in frees]])
+
+    def _check(self) -> None:
+        if self.lost is not None:
+            raise WorkerLostError(self.lost)
+
+    def _lose(self, e: BaseException) -> WorkerLostError:
+        self.lost = (f"lost the connection to the worker of lease {self.lease_id} at {self.endpoint} "
+                     f"(worker ended, lease expired or revoked, or network failure): {e}")
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        return WorkerLostError(self.lost)
+
+    def _send_batch(self, sync: bool, query: list | None = None) -> None:
+        if query is not None:
+            self._ops.append(query)
+        meta = {"ops": self._ops}
+        if self._bufs:
+            meta["bufs"] = self._bufs
+        meta_b = encode_meta(meta)
+        parts = [memoryview(pack_header(FrameType.BATCH, len(meta_b), self._payload_bytes, FLAG_SYNC if sync else 0)),
+                 memoryview(meta_b), *self._payload]
+        self.ops_sent += len(self._ops)
+        self._ops, self._bufs, self._payload, self._payload_bytes = [], [], [], 0
+        try:
+            send_parts(self.sock, parts)
+        except ProtocolError as e:
+            raise self._lose(e) from None
+
+    # -- synchronization -----------------------------------------------------------------------
+    def flush(self) -> None:
+        """Send queued ops without waiting for an answer (not a synchronization point)."""
+        with self._lock:
+            self._check()
+            if self._pending_free:
+                self._take_frees()
+            if self._ops:
+                self._send_batch(sync=False)
+
+    def sync(self, name: str = "sync", args: list | None = None, out: np.ndarray | None = None) -> Any:
+        """Send the queue plus one query op (get, meta, mem, stats, sync) flagged SYNC, wait for
+        the REPLY and return the query's answer: for ``get``, a NumPy array (received into `out`
+        when it has the right shape/dtype, else into a new one). Raises the first error of a queued
+        op (OutOfMemoryError, ValueError, ... naming the op) or WorkerLostError."""
+        with self._lock:
+            self._check()
+            if self._pending_free:
+                self._take_frees()
+            self._send_batch(sync=True, query=[name, [], args or []])
+            try:
+                hdr = recv_header(self.sock, Limits(max_payload_bytes=1 << 40))
+                if hdr.ftype == FrameType.ERROR:
+                    meta = recv_meta(self.sock, hdr)
+                    raise self._lose(f"worker closed the connection: {meta.get('message')}")
+                if hdr.ftype != FrameType.REPLY:
+                    raise ProtocolError(f"expected REPLY, got {hdr.ftype.name}")
+                meta = recv_meta(self.sock, hdr)
+                result = (meta.get("results") or [None])[-1]
+                value: Any = result
+                if name == "get" and result is not None and hdr.payload_len:
+                    shape, dtype = tuple(result["shape"]), np.dtype(result["dtype"])
+                    if out is None or out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+                        out = np.empty(shape, dtype)
+                    recv_exact_into(self.sock, memoryview(out).cast("B"), "reply payload")
+                    value = out
+                elif name == "get" and result is not None:
+                    value = np.empty(tuple(result["shape"]), np.dtype(result["dtype"]))
+            except WorkerLostError:
+                raise
+            except (ProtocolError, OSError) as e:
+                raise self._lose(e) from None
+        err = meta.get("error")
+        if err:
+            raise make_error(err)
+        return value
+
+    def close(self) -> None:
+        """Say BYE and close (handles of this connection are freed by the worker)."""
+        with self._lock:
+            if self.lost is None:
+                try:
+                    self.flush()
+                    send_frame(self.sock, FrameType.BYE, b"")
+                except (ProtocolError, WorkerLostError, OSError):
+                    pass
+                self.lost = f"connection to lease {self.lease_id} was closed by this client"
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+
+
+_WIRE_DTYPES = frozenset(
+    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 complex64 complex128".split()
+)
+
+
+def make_error(err: dict[str, Any]) -> Exception:
+    """The client-side exception for a worker's error record {"type", "message", "op"}."""
+    from gpuctl.remote.cuda import memory
+
+    etype, msg = err.get("type"), str(err.get("message"))
+    cls = {
+        "OutOfMemoryError": memory.OutOfMemoryError,
+        "ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError,
+        "ZeroDivisionError": ZeroDivisionError, "NotImplementedError": NotImplementedError,
+        "FloatingPointError": FloatingPointError, "OverflowError": OverflowError,
+        "UnknownOpError": UnknownOpError,
+    }.get(etype, RemoteError)
+    return cls(msg)
+
+
+# -- the default connection -------------------------------------------------------------------
+_default: Connection | None = None
+_default_lock = threading.Lock()
+
+
+def attach(endpoint: str | None = None, token: str | bytes | None = None, lease_id: str | None = None, *,
+           tls: bool = False, cafile: str | None = None, server_name: str | None = None) -> Connection:
+    """Attach to a lease's worker and make it the default connection of ``gpuctl.remote``.
+
+    Either `endpoint` as a full ``tcp://...`` / ``tls://...`` URL (see module docstring), or
+    endpoint "host:port" with `token` (hex str or raw bytes) and `lease_id`; with no arguments,
+    ``GPUCTL_ATTACH`` is read. Raises AttachError (bad spec, refused token, unreachable worker).
+    """
+    global _default
+    if endpoint is None:
+        value = os.environ.get("GPUCTL_ATTACH")
+        if not value:
+            raise AttachError("GPUCTL_ATTACH is not set: run under `gpuctl run` or call gpuctl.remote.attach(...)")
+        spec = parse_attach(value)
+    elif "://" in endpoint:
+        spec = parse_attach(endpoint, "endpoint")
+    else:
+        host, _, port = endpoint.rpartition(":")
+        if not host or not port.isdigit():
+            raise AttachError(f"endpoint: expected HOST:PORT, got {endpoint!r}")
+        if token is None or lease_id is None:
+            raise AttachError("attach: token and lease_id are needed with a HOST:PORT endpoint")
+        tok = bytes.fromhex(token) if isinstance(token, str) else bytes(token)
+        spec = AttachSpec(host.strip("[]"), int(port), lease_id, tok, tls, cafile, server_name)
+    conn = Connection(spec)
+    with _default_lock:
+        old, _default = _default, conn
+    if old is not None:
+        old.close()
+    return conn
+
+
+def get_connection() -> Connection:
+    """The default connection, attaching from GPUCTL_ATTACH on first use."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                value = os.environ.get("GPUCTL_ATTACH")
+                if not value:
+                    raise AttachError("GPUCTL_ATTACH is not set: run under `gpuctl run` or call gpuctl.remote.attach(...)")
+                _default = Connection(parse_attach(value))
+    return _default
+
+
+def detach() -> None:
+    """Close the default connection (the worker frees its arrays)."""
+    global _default
+    with _default_lock:
+        old, _default = _default, None
+    if old is not None:
+        old.close()

@@ -1,0 +1,444 @@
+"""``gpuctl.remote.ndarray``: a handle to an array held by the lease's worker.
+
+CuPy semantics that hold: operators, in-place operators (same-kind casting), basic indexing
+returns views (writes through ``x[1:3] += 1`` reach ``x``), fancy and boolean indexing return
+copies, ``.get()``/``cp.asnumpy`` copy to the host, implicit conversion to NumPy
+(``np.asarray(x)``) raises TypeError as in CuPy, scalar conversions (``float(x)``) synchronize.
+
+Differences from CuPy: errors of a queued op (shape mismatch, bad index, quota) are raised at the
+next synchronization point, naming the op ("op #17 matmul(h3, h9): ..."), where CuPy raises shape
+errors at once; ``.shape``/``.dtype`` are computed on the client and cost a round trip only when
+the shape depends on data (boolean masks, einsum, tensordot); no ``strides``, ``data``, streams or
+``out=`` on reductions; NumPy arrays and lists are accepted as operands (uploaded), where CuPy
+refuses them; NumPy scalars act like Python scalars.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from gpuctl.remote import _infer
+from gpuctl.remote._connection import Connection, get_connection
+
+_WIRE = frozenset(
+    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 complex64 complex128".split()
+)
+
+
+def dtype_name(dtype: Any) -> str:
+    """The wire name of `dtype` (anything np.dtype accepts). TypeError for a dtype the data path
+    does not carry (object, strings, datetimes)."""
+    try:
+        name = np.dtype(dtype).name
+    except TypeError as e:
+        raise TypeError(f"dtype {dtype!r} is not understood: {e}") from None
+    if name not in _WIRE:
+        raise TypeError(f"dtype {name} is not supported by gpuctl.remote (supported: {', '.join(sorted(_WIRE))})")
+    return name
+
+
+class _Temps(list):
+    """Temporary uploads kept alive until the op that uses them is queued."""
+
+
+def enc(conn: Connection, v: Any, temps: _Temps) -> Any:
+    """Encode a structural argument (shape, axis, index, scalar, dtype) for the wire."""
+    if isinstance(v, ndarray):
+        if v._conn is not conn:
+            raise ValueError("array belongs to another lease/connection: arrays cannot move between leases")
+        return v._ref
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, np.generic):
+        return enc(conn, v.item(), temps)
+    if isinstance(v, complex):
+        return {"c": [v.real, v.imag]}
+    if isinstance(v, slice):
+        return {"s": [None if x is None else _int(x) for x in (v.start, v.stop, v.step)]}
+    if v is Ellipsis:
+        return {"e": 1}
+    if isinstance(v, tuple):
+        return [enc(conn, x, temps) for x in v]
+    if isinstance(v, (list, np.ndarray)):
+        return operand(conn, v, temps)
+    if isinstance(v, (np.dtype, type)):
+        return {"d": dtype_name(v)}
+    raise TypeError(f"unsupported argument of type {type(v).__name__}")
+
+
+def _int(x: Any) -> int:
+    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+        return int(x)
+    raise TypeError(f"slice indices must be integers or None, got {x!r}")
+
+
+def operand(conn: Connection, v: Any, temps: _Temps) -> Any:
+    """Encode an array operand: remote arrays by handle, scalars as themselves, NumPy arrays and
+    lists uploaded (kept in `temps` until queued)."""
+    if isinstance(v, ndarray):
+        return enc(conn, v, temps)
+    if isinstance(v, (np.ndarray, list)):
+        host = np.asarray(v)
+        t = ndarray._wrap(conn, conn.upload(host), host.shape, host.dtype)
+        temps.append(t)
+        return t._ref
+    return enc(conn, v, temps)
+
+
+def conn_of(*values: Any) -> Connection:
+    """The connection of the first remote array among `values`, else the default connection."""
+    for v in values:
+        if isinstance(v, ndarray):
+            return v._conn
+        if isinstance(v, (list, tuple)):
+            for x in v:
+                if isinstance(x, ndarray):
+                    return x._conn
+    return get_connection()
+
+
+def new_op(conn: Connection, name: str, args: list, kwargs: dict | None, inferred: tuple) -> "ndarray":
+    """Queue op `name` producing one new array (handle minted here); `inferred` is (shape, dtype)."""
+    h = conn.mint()
+    conn.enqueue(name, [h], args, kwargs)
+    return ndarray._wrap(conn, h, inferred[0], inferred[1])
+
+
+def ufunc(name: str, *operands: Any, out: "ndarray | None" = None, dtype: Any = None) -> "ndarray":
+    """Apply allow-listed ufunc `name`. With `out` (a remote array), in place, returning `out`."""
+    conn = conn_of(*operands, out)
+    temps = _Temps()
+    args = [operand(conn, x, temps) for x in operands]
+    kwargs: dict[str, Any] = {}
+    if dtype is not None:
+        kwargs["dtype"] = {"d": dtype_name(dtype)}
+    if out is not None:
+        if not isinstance(out, ndarray):
+            raise TypeError("out must be a gpuctl.remote.ndarray")
+        kwargs["out"] = enc(conn, out, temps)
+        conn.enqueue(name, [], args, kwargs)
+        return out
+    inferred = _infer.elementwise(name, *operands)
+    if dtype is not None and inferred[0] is not None:
+        inferred = (inferred[0], np.dtype(dtype))
+    return new_op(conn, name, args, kwargs or None, inferred)
+
+
+class ndarray:
+    """An array on the lease's worker (see the module docstring for CuPy semantics held and not).
+
+    ``ndarray(shape, dtype=float)`` allocates an uninitialized array, as in CuPy.
+    """
+
+    __slots__ = ("_conn", "_h", "_ref", "_shape", "_dtype", "__weakref__")
+    __array_ufunc__ = None  # NumPy defers to our reflected operators (np_array + x -> x.__radd__)
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, shape: Any, dtype: Any = float):
+        from gpuctl.remote import empty
+
+        other = empty(shape, dtype)
+        self._conn, self._h, self._ref = other._conn, other._h, other._ref
+        self._shape, self._dtype = other._shape, other._dtype
+        other._h = None
+
+    @classmethod
+    def _wrap(cls, conn: Connection, h: int, shape: Any, dtype: Any) -> "ndarray":
+        self = object.__new__(cls)
+        self._conn = conn
+        self._h = h
+        self._ref = {"h": h}
+        self._shape = tuple(int(d) for d in shape) if shape is not None else None
+        self._dtype = np.dtype(dtype) if dtype is not None else None
+        return self
+
+    def __del__(self) -> None:
+        try:
+            if self._h is not None:
+                self._conn.free_later(self._h)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # -- metadata ------------------------------------------------------------------------------
+    def _meta(self) -> None:
+        r = self._conn.sync("meta", [self._ref])
+        self._shape, self._dtype = tuple(r["shape"]), np.dtype(r["dtype"])
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape (tuple of ints); a round trip only when it depends on data."""
+        if self._shape is None:
+            self._meta()
+        return self._shape  # type: ignore[return-value]
+
+    @property
+    def dtype(self) -> np.dtype:
+        if self._dtype is None:
+            self._meta()
+        return self._dtype  # type: ignore[return-value]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the array's elements (size * itemsize), as CuPy reports it."""
+        return self.size * self.itemsize
+
+    @property
+    def T(self) -> "ndarray":
+        return self.transpose()
+
+    @property
+    def handle(self) -> int:
+        """This array's handle on its connection (for diagnostics)."""
+        return self._h  # type: ignore[return-value]
+
+    # -- host transfer and scalars ---------------------------------------------------------------
+    def get(self, stream: Any = None, order: str = "C", out: np.ndarray | None = None) -> np.ndarray:
+        """Copy to the host: a NumPy array (received straight into `out` when it fits). A
+        synchronization point: raises the first error of any queued op."""
+        arr = self._conn.sync("get", [self._ref], out=out)
+        self._shape, self._dtype = arr.shape, arr.dtype
+        if out is not None and arr is not out:
+            out[...] = arr
+            return out
+        return arr
+
+    def item(self) -> Any:
+        if self._shape is not None and math.prod(self._shape) != 1:
+            raise ValueError("can only convert an array of size 1 to a Python scalar")
+        return self.get().item()
+
+    def tolist(self) -> Any:
+        return self.get().tolist()
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __complex__(self) -> complex:
+        return complex(self.item())
+
+    def __bool__(self) -> bool:
+        return bool(self.item())
+
+    def __index__(self) -> int:
+        if self.dtype.kind not in "iu":
+            raise TypeError("only integer arrays can be used as an index")
+        return int(self.item())
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        raise TypeError("Implicit conversion to a NumPy array is not allowed. Please use `.get()` "
+                        "to construct a NumPy array explicitly.")
+
+    def __repr__(self) -> str:
+        return repr(self.get())
+
+    def __str__(self) -> str:
+        return str(self.get())
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of unsized object")
+        return self.shape[0]
+
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d array")
+        for i in range(self.shape[0]):
+            yield self[i]
+
+    # -- methods -------------------------------------------------------------------------------
+    def _method(self, name: str, args: list, kwargs: dict | None, inferred: tuple) -> "ndarray":
+        return new_op(self._conn, name, [self._ref, *args], kwargs, inferred)
+
+    def astype(self, dtype: Any, copy: bool = True) -> "ndarray":
+        name = dtype_name(dtype)
+        if not copy and self._dtype == np.dtype(name):
+            return self
+        return self._method("astype", [{"d": name}], None, (self._shape, np.dtype(name)))
+
+    def reshape(self, *shape: Any, order: str = "C") -> "ndarray":
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        shape = tuple(int(d) for d in shape)
+        return self._method("reshape", [list(shape)], {"order": order} if order != "C" else None,
+                            _infer.reshape(self, shape))
+
+    def transpose(self, *axes: Any) -> "ndarray":
+        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+            axes = tuple(axes[0])
+        ax = tuple(int(a) for a in axes) if axes else None
+        return self._method("transpose", [list(ax)] if ax else [], None, _infer.transpose(self, ax))
+
+    def swapaxes(self, a: int, b: int) -> "ndarray":
+        ax = list(range(self.ndim))
+        ax[a], ax[b] = ax[b], ax[a]
+        return self._method("swapaxes", [a, b], None, _infer.transpose(self, tuple(ax)))
+
+    def copy(self, order: str = "C") -> "ndarray":
+        return self._method("copy", [], None, (self._shape, self._dtype))
+
+    def ravel(self) -> "ndarray":
+        return self._method("ravel", [], None, _infer.reshape(self, (-1,)) if self._shape is not None else (None, None))
+
+    def flatten(self) -> "ndarray":
+        return self._method("flatten", [], None, _infer.reshape(self, (-1,)) if self._shape is not None else (None, None))
+
+    def squeeze(self, axis: Any = None) -> "ndarray":
+        inferred: tuple = (None, None)
+        if self._shape is not None and axis is None:
+            inferred = (tuple(d for d in self._shape if d != 1), self._dtype)
+        return self._method("squeeze", [], {"axis": enc(self._conn, axis, _Temps())} if axis is not None else None,
+                            inferred)
+
+    def fill(self, value: Any) -> None:
+        self._conn.enqueue("fill", [], [self._ref, enc(self._conn, value, _Temps())])
+
+    def dot(self, other: Any) -> "ndarray":
+        from gpuctl.remote import dot
+
+        return dot(self, other)
+
+    def _reduce(self, name: str, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False,
+                **kw: Any) -> "ndarray":
+        if out is not None:
+            raise TypeError(f"{name}: out= is not supported by gpuctl.remote")
+        kwargs: dict[str, Any] = {}
+        if dtype is not None:
+            kwargs["dtype"] = {"d": dtype_name(dtype)}
+        if keepdims:
+            kwargs["keepdims"] = True
+        kwargs.update({k: v for k, v in kw.items() if v is not None})
+        ax = tuple(axis) if isinstance(axis, list) else axis
+        inferred = _infer.reduction(name, self, ax, keepdims, **({"dtype": dtype_name(dtype)} if dtype else {}), **kw)
+        return self._method(name, [enc(self._conn, ax, _Temps())], kwargs or None, inferred)
+
+    def sum(self, axis=None, dtype=None, out=None, keepdims=False):
+        return self._reduce("sum", axis, dtype, out, keepdims)
+
+    def prod(self, axis=None, dtype=None, out=None, keepdims=False):
+        return self._reduce("prod", axis, dtype, out, keepdims)
+
+    def mean(self, axis=None, dtype=None, out=None, keepdims=False):
+        return self._reduce("mean", axis, dtype, out, keepdims)
+
+    def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
+        return self._reduce("var", axis, dtype, out, keepdims, ddof=ddof or None)
+
+    def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
+        return self._reduce("std", axis, dtype, out, keepdims, ddof=ddof or None)
+
+    def max(self, axis=None, out=None, keepdims=False):
+        return self._reduce("max", axis, None, out, keepdims)
+
+    def min(self, axis=None, out=None, keepdims=False):
+        return self._reduce("min", axis, None, out, keepdims)
+
+    def argmax(self, axis=None, out=None):
+        return self._reduce("argmax", axis, None, out)
+
+    def argmin(self, axis=None, out=None):
+        return self._reduce("argmin", axis, None, out)
+
+    def any(self, axis=None, out=None, keepdims=False):
+        return self._reduce("any", axis, None, out, keepdims)
+
+    def all(self, axis=None, out=None, keepdims=False):
+        return self._reduce("all", axis, None, out, keepdims)
+
+    def cumsum(self, axis=None, dtype=None, out=None):
+        return self._reduce("cumsum", axis, dtype, out)
+
+    def clip(self, a_min=None, a_max=None):
+        from gpuctl.remote import clip
+
+        return clip(self, a_min, a_max)
+
+    # -- indexing ------------------------------------------------------------------------------
+    def _key(self, key: Any, temps: _Temps) -> Any:
+        if isinstance(key, tuple):
+            return [self._key1(k, temps) for k in key]
+        return self._key1(key, temps)
+
+    def _key1(self, k: Any, temps: _Temps) -> Any:
+        if isinstance(k, (list, np.ndarray)):
+            return operand(self._conn, k, temps)
+        if isinstance(k, np.integer):
+            return int(k)
+        return enc(self._conn, k, temps)
+
+    def __getitem__(self, key: Any) -> "ndarray":
+        temps = _Temps()
+        return self._method("getitem", [self._key(key, temps)], None, _infer.getitem(self, key))
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        temps = _Temps()
+        self._conn.enqueue("setitem", [], [self._ref, self._key(key, temps), operand(self._conn, value, temps)])
+
+    # -- operators -----------------------------------------------------------------------------
+    def __neg__(self):
+        return ufunc("negative", self)
+
+    def __pos__(self):
+        return ufunc("positive", self)
+
+    def __abs__(self):
+        return ufunc("absolute", self)
+
+    def __invert__(self):
+        return ufunc("invert", self)
+
+    def __matmul__(self, other):
+        from gpuctl.remote import matmul
+
+        return matmul(self, other)
+
+    def __rmatmul__(self, other):
+        from gpuctl.remote import matmul
+
+        return matmul(other, self)
+
+
+def _binary(name: str):
+    def op(self, other):
+        return ufunc(name, self, other)
+
+    def rop(self, other):
+        return ufunc(name, other, self)
+
+    def iop(self, other):
+        ufunc(name, self, other, out=self)
+        return self
+
+    return op, rop, iop
+
+
+for _dunder, _uf in {
+    "add": "add", "sub": "subtract", "mul": "multiply", "truediv": "true_divide", "floordiv": "floor_divide",
+    "mod": "remainder", "pow": "power", "and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor",
+    "lshift": "left_shift", "rshift": "right_shift",
+}.items():
+    _op, _rop, _iop = _binary(_uf)
+    setattr(ndarray, f"__{_dunder}__", _op)
+    setattr(ndarray, f"__r{_dunder}__", _rop)
+    setattr(ndarray, f"__i{_dunder}__", _iop)
+
+for _dunder, _uf in {"eq": "equal", "ne": "not_equal", "lt": "less", "le": "less_equal", "gt": "greater",
+                     "ge": "greater_equal"}.items():
+    setattr(ndarray, f"__{_dunder}__", _binary(_uf)[0])
