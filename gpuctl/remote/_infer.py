@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -102,7 +103,8 @@ def normalize_axis(axis: Any, ndim: int) -> tuple[int, ...] | None:
 @functools.lru_cache(maxsize=1024)
 def _reduction_dtype(name: str, dtype: np.dtype, ndim: int, kw: tuple) -> np.dtype | None:
     try:
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             return np.asarray(getattr(np, name)(np.ones((1,) * ndim, dtype), **dict(kw))).dtype
     except Exception:  # noqa: BLE001
         return None
