@@ -21,6 +21,7 @@ a gpuctl variable out still works.
 from __future__ import annotations
 
 import os
+import sys
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -105,9 +106,11 @@ class ThemeLoad:
 
 def default_theme_dirs() -> list[Path]:
     """Where themes are looked for, in order (later ones win on equal names): the repository's
-    themes/ and $XDG_CONFIG_HOME/gpuctl/themes (XDG_CONFIG_HOME defaults to ~/.config)."""
+    themes/ (editable install) or <prefix>/share/gpuctl/themes (wheel install, pyproject's
+    data-files), then $XDG_CONFIG_HOME/gpuctl/themes (XDG_CONFIG_HOME defaults to ~/.config)."""
     xdg = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return [REPO_THEMES_DIR, Path(xdg) / "gpuctl" / "themes"]
+    shipped = REPO_THEMES_DIR if REPO_THEMES_DIR.is_dir() else Path(sys.prefix) / "share" / "gpuctl" / "themes"
+    return [shipped, Path(xdg) / "gpuctl" / "themes"]
 
 
 def _where(path: Path, text: str, key: str) -> str:

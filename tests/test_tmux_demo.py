@@ -65,12 +65,16 @@ def test_demo_console_at_80x24_shows_fleet_and_quits_cleanly(tmux_session):
     # live: the screen changes by itself within a few seconds (telemetry refresh)
     _wait_for(tmux_session, lambda s: s != screen, timeout_s=10)
     # the `/` filter narrows to one node
+    # keys at a typist's pace: Textual moves focus to the filter on its next idle, like a human sees it
     _tmux("send-keys", "-t", tmux_session, "/")
+    time.sleep(0.5)
     _tmux("send-keys", "-t", tmux_session, "-l", "sim-02")
+    time.sleep(0.5)
     _tmux("send-keys", "-t", tmux_session, "Enter")
     filtered = _wait_for(tmux_session, lambda s: "sim-02" in s and "sim-01" not in s)
     assert "sim-03" not in filtered and "sim-04" not in filtered
     _tmux("send-keys", "-t", tmux_session, "Escape")
+    time.sleep(0.5)
     _tmux("send-keys", "-t", tmux_session, "q")
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and (set(_demo_daemons()) - before):
