@@ -21,7 +21,7 @@ cards whose department changed, and adds or removes only the slices that appeare
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,9 @@ from gpuctl.widgets.board_model import (
 )
 from gpuctl.widgets.drag import DragController, DragGhost, Draggable
 
+
+#: Rows from one card's top to the next (height 2 + margin 1 in board.tcss).
+CARD_PITCH = 3
 
 #: Narrowest column (cells, borders included); below it the board scrolls horizontally.
 COLUMN_MIN_WIDTH = 30
@@ -108,6 +111,7 @@ class BoardScreen(GpuctlScreen):
         self._unreachable: list[str] = []
         self._ghost = DragGhost("", markup=False)
         self._window_seen: model.FleetSnapshot | None = None
+        self._stale_cards: set[SliceCard] = set()  # cards changed while out of view
 
     # -- composition and data ------------------------------------------------------------------
 
@@ -120,6 +124,7 @@ class BoardScreen(GpuctlScreen):
         self.drag_controller = DragController(self, self._ghost, self._payload_for)
         self.watch(self.app, "snapshot", self._record_utilization, init=True)
         await self._ensure_columns(column_names(self._departments()))
+        self.watch(self.query_one("#board-columns", HorizontalScroll), "scroll_x", self._repaint_visible, init=False)
         # GpuctlScreen.on_mount runs after this one (Textual calls each class's handler).
 
     def _departments(self) -> list[model.Department]:
@@ -174,6 +179,7 @@ class BoardScreen(GpuctlScreen):
 
     def on_resize(self) -> None:
         self._fit_columns()
+        self.call_after_refresh(self._repaint_visible)
 
     def show_snapshot(self, snapshot: model.FleetSnapshot) -> None:
         """Diff `snapshot` into the board (UI thread; no I/O)."""
@@ -193,9 +199,13 @@ class BoardScreen(GpuctlScreen):
             self._ensure_columns(names)
             self.call_after_refresh(self._data_changed)
             return
+        visible = self._visibility()
         with self.app.batch_update():
+            mounts: dict[tuple[str, int], tuple[DepartmentColumn, SliceCard | None, list[SliceCard]]] = {}
             for sid in [s for s in self._cards if s not in new_views]:
-                self._cards.pop(sid).remove()
+                gone = self._cards.pop(sid)
+                self._stale_cards.discard(gone)
+                gone.remove()
                 self._selected.discard(sid)
                 self._moving.pop(sid, None)
             for sid, dst in list(self._moving.items()):
@@ -209,20 +219,25 @@ class BoardScreen(GpuctlScreen):
                     view = new_views[sid]
                     card = self._cards.get(sid)
                     if card is not None and self._views[sid].department == view.department:
-                        card.show(view, selected=sid in self._selected, moving_to=self._moving.get(sid))
+                        if card.show(view, selected=sid in self._selected, moving_to=self._moving.get(sid),
+                                     repaint=visible(column, i)):
+                            self._stale_cards.add(card)
                         continue
                     if card is not None:  # owner changed: the card moves to the new column
                         if card is focused:
                             refocus = sid
+                        self._stale_cards.discard(card)
                         card.remove()
                     card = SliceCard(view, selected=sid in self._selected, moving_to=self._moving.get(sid))
                     self._cards[sid] = card
                     before = next((self._cards[s] for s in sids[i + 1:] if s in self._cards
                                    and s in self._views and self._views[s].department == name), None)
-                    if before is not None:
-                        column.body.mount(card, before=before)
-                    else:
-                        column.body.mount(card)
+                    mounts.setdefault((name, id(before)), (column, before, []))[2].append(card)
+            for column, before, cards in mounts.values():  # one mount per run of new cards
+                if before is not None:
+                    column.body.mount_all(cards, before=before)
+                else:
+                    column.body.mount_all(cards)
             self._views = new_views
             self._by_column = by_column
             for name, column in self._columns.items():
@@ -237,6 +252,56 @@ class BoardScreen(GpuctlScreen):
             self.call_after_refresh(self._focus_if_nothing, first)
         for dst, n in done.items():
             self._flash(f"done: moved {n} slice{'s' if n != 1 else ''} to {dst}")
+
+    def _visibility(self) -> Callable[[DepartmentColumn, int], bool]:
+        """A test of whether the card at position `index` of a column is (nearly) in view now:
+        the column inside the board's horizontal viewport and the card inside the column's
+        vertical viewport (cards are CARD_PITCH rows apart). Cards out of view are repainted when
+        they scroll in: repainting 1700 cards per tick would cost ~0.3 s at 1024 GPUs."""
+        try:
+            scroller = self.query_one("#board-columns", HorizontalScroll)
+            left, width = scroller.scroll_x, scroller.size.width
+        except Exception:  # noqa: BLE001 - before compose: treat everything as visible
+            return lambda column, index: True
+        margin = 2
+        shown: dict[int, tuple[float, float] | None] = {}
+
+        def rows(column: DepartmentColumn) -> tuple[float, float] | None:
+            key = id(column)
+            if key not in shown:
+                try:
+                    cx = column.virtual_region.x
+                    off = cx + column.outer_size.width < left or cx > left + width
+                except Exception:  # noqa: BLE001 - not laid out yet: visible
+                    off = False
+                body = column.body
+                top = body.scroll_y / CARD_PITCH - margin
+                shown[key] = None if off else (top, top + body.size.height / CARD_PITCH + 2 * margin)
+            return shown[key]
+
+        def visible(column: DepartmentColumn, index: int) -> bool:
+            r = rows(column)
+            return r is not None and r[0] <= index <= r[1]
+
+        return visible
+
+    def _repaint_visible(self, _value: object = None) -> None:
+        """Repaint the stale cards that are now in view (after a scroll or resize)."""
+        if not self._stale_cards:
+            return
+        visible = self._visibility()
+        positions = {sid: (col, i) for col, sids in self._by_column.items() for i, sid in enumerate(sids)}
+        for card in list(self._stale_cards):
+            col, i = positions.get(card.slice_id, (None, 0))
+            column = self._columns.get(col) if col is not None else None
+            if column is None or visible(column, i):
+                self._stale_cards.discard(card)
+                card.repaint()
+
+    @on(DepartmentColumn.Scrolled)
+    def _column_scrolled(self, event: DepartmentColumn.Scrolled) -> None:
+        event.stop()
+        self._repaint_visible()
 
     def _focus_if_nothing(self, card: SliceCard) -> None:
         if not isinstance(self.focused, SliceCard) and card.is_attached:

@@ -12,7 +12,6 @@ from textual import events
 from textual.binding import Binding
 from textual.content import Content
 from textual.message import Message
-from textual.widgets import Static
 
 from gpuctl.widgets import format as fmt
 from gpuctl.widgets.board_model import SliceView
@@ -44,7 +43,7 @@ def card_content(view: SliceView, *, selected: bool = False, moving_to: str | No
     return Content("\n").join([top, Content.assemble(*parts)])
 
 
-class SliceCard(Draggable, Static, can_focus=True):
+class SliceCard(Draggable, can_focus=True):
     """One slice on the board. `view` is what it shows; `selected` and `moving_to` (the
     destination of a move in flight, else None) are set by the board screen."""
 
@@ -64,39 +63,67 @@ class SliceCard(Draggable, Static, can_focus=True):
             self.shift = shift
 
     def __init__(self, view: SliceView, *, selected: bool = False, moving_to: str | None = None):
-        super().__init__("", markup=False)
+        super().__init__()
         self.view = view
         self.selected = selected
         self.moving_to = moving_to
         self._shown: tuple | None = None
-        self._render_card()
+        self._flags: tuple | None = None
+        self._stale = False
+        self._content: Content | None = None
+        self._render_card(repaint=False)
+        self._stale = False
+
+    def render(self) -> Content:
+        if self._content is None:  # built lazily: cards out of view cost nothing per tick
+            self._content = card_content(self.view, selected=self.selected, moving_to=self.moving_to)
+        return self._content
 
     @property
     def slice_id(self) -> str:
         return self.view.slice_id
 
     def show(self, view: SliceView | None = None, *, selected: bool | None = None,
-             moving_to: str | None | bool = False) -> None:
+             moving_to: str | None | bool = False, repaint: bool = True) -> bool:
         """Update what the card shows (only the arguments given); re-renders only on a change.
-        moving_to=False means "unchanged"; None clears it."""
+        moving_to=False means "unchanged"; None clears it. repaint=False defers the repaint (a
+        card scrolled out of view: the board calls :meth:`repaint` when it comes into view).
+        Returns True when the card changed and still needs that repaint."""
         if view is not None:
             self.view = view
         if selected is not None:
             self.selected = selected
         if moving_to is not False:
             self.moving_to = moving_to  # type: ignore[assignment]
-        self._render_card()
+        return self._render_card(repaint)
 
-    def _render_card(self) -> None:
+    @property
+    def stale(self) -> bool:
+        """True when the card changed while out of view and has not been repainted."""
+        return self._stale
+
+    def repaint(self) -> None:
+        """Repaint a stale card (a repaint, never a layout pass: the card's size is fixed)."""
+        self._stale = False
+        self.refresh()
+
+    def _render_card(self, repaint: bool = True) -> bool:
         key = (self.view, self.selected, self.moving_to)
         if key == self._shown:
-            return
+            return False
         self._shown = key
-        self.set_class(self.selected, "-selected")
-        self.set_class(self.view.leased, "-leased")
-        self.set_class(self.moving_to is not None or self.view.pending_to is not None, "-pending")
-        self.set_class(self.view.gpu_error is not None, "-error")
-        self.update(card_content(self.view, selected=self.selected, moving_to=self.moving_to))
+        flags = (self.selected, self.view.leased, self.moving_to is not None or self.view.pending_to is not None,
+                 self.view.gpu_error is not None)
+        if flags != self._flags:
+            self._flags = flags
+            for on, name in zip(flags, ("-selected", "-leased", "-pending", "-error")):
+                self.set_class(on, name)
+        self._content = None
+        if repaint:
+            self.repaint()
+            return False
+        self._stale = True
+        return True
 
     def drag_clicked(self, event: events.MouseUp) -> None:
         self.post_message(self.Clicked(self, bool(event.shift)))

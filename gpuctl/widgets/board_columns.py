@@ -13,6 +13,7 @@ from typing import Any
 
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
+from textual.message import Message
 from textual.widgets import Static
 
 from gpuctl.themes import DEPARTMENT_COLORS
@@ -60,9 +61,16 @@ class DepartmentColumn(DropTarget, Vertical):
         except Exception:  # noqa: BLE001 - not composed yet: on_mount shows it
             pass
 
+    class Scrolled(Message):
+        """The column's cards scrolled (the board repaints cards that came into view)."""
+
     def on_mount(self) -> None:
         if self._totals_text is not None:
             self.query_one(".column-totals", Static).update(self._totals_text)
+        self.watch(self.body, "scroll_y", self._scrolled, init=False)
+
+    def _scrolled(self, _value: object = None) -> None:
+        self.post_message(self.Scrolled())
 
     def drop_accepts(self, payload: Any) -> bool:
         """A drag of slices (a sequence of SliceView) is accepted when one of them belongs to
