@@ -32,3 +32,18 @@ def test_headless_module_does_not_import_textual(module):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False", f"{module} pulls in textual"
+
+
+def test_import_linter_contract_is_kept():
+    """pyproject.toml's import-linter contract (headless modules never import textual directly)."""
+    import shutil
+
+    exe = shutil.which("lint-imports")
+    if exe is None:
+        pytest.skip("import-linter not installed (pip install -e '.[test]')")
+    from pathlib import Path
+
+    out = subprocess.run([exe], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 kept, 0 broken" in out.stdout
