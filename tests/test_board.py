@@ -351,6 +351,25 @@ async def test_escape_cancels_a_drag_and_nothing_moves(source):
         assert idle.id in board.column_slice_ids("inference")
 
 
+async def test_a_drag_ends_when_its_slice_changes_owner_meanwhile(source):
+    app = make_app(source)
+    idle = find(source, department="inference", leased=False)[0]
+    async with app.run_test(size=SIZE) as pilot:
+        board = await open_board(app, pilot)
+        await pilot.mouse_down(board.card(idle.id))
+        await pilot.hover(board.column("research"))
+        assert board.drag_controller.active
+        # Another admin moves it: the next snapshot shows it in training.
+        source.reassign(ReassignRequest(src="inference", dst="training", slice_ids=[idle.id]))
+        app.poll()
+        await settle(app, pilot)
+        assert not board.drag_controller.active and not board.query_one(DragGhost).display
+        assert "drag cancelled: the slice changed owner or disappeared" in app.flash_log
+        await pilot.mouse_up(board.column("research"))
+        await settle(app, pilot)
+        assert app.screen is board and owners(source)[idle.id] == "training"
+
+
 async def test_drop_outside_any_column_moves_nothing(source):
     app = make_app(source)
     idle = find(source, department="inference", leased=False)[0]

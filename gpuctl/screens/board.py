@@ -205,6 +205,7 @@ class BoardScreen(GpuctlScreen):
             for sid in [s for s in self._cards if s not in new_views]:
                 gone = self._cards.pop(sid)
                 self._stale_cards.discard(gone)
+                self._cancel_drag_of(gone)
                 gone.remove()
                 self._selected.discard(sid)
                 self._moving.pop(sid, None)
@@ -227,6 +228,7 @@ class BoardScreen(GpuctlScreen):
                         if card is focused:
                             refocus = sid
                         self._stale_cards.discard(card)
+                        self._cancel_drag_of(card)
                         card.remove()
                     card = SliceCard(view, selected=sid in self._selected, moving_to=self._moving.get(sid))
                     self._cards[sid] = card
@@ -297,6 +299,13 @@ class BoardScreen(GpuctlScreen):
             if column is None or visible(column, i):
                 self._stale_cards.discard(card)
                 card.repaint()
+
+    def _cancel_drag_of(self, card: SliceCard) -> None:
+        """A card going away (its slice vanished or changed owner) ends a drag it started."""
+        controller = self.drag_controller
+        if controller is not None and controller.source is card:
+            controller.cancel("the dragged slice changed")
+            self._flash("drag cancelled: the slice changed owner or disappeared", severity="warning")
 
     @on(DepartmentColumn.Scrolled)
     def _column_scrolled(self, event: DepartmentColumn.Scrolled) -> None:
