@@ -317,7 +317,7 @@ def decode_value(v: Any, limits: Limits = DEFAULT_LIMITS, depth: int = 0) -> Any
         if tag == "e":
             return Ellipsis
         if tag == "d":
-            if x not in ALLOWED_DTYPES:
+            if not isinstance(x, str) or x not in ALLOWED_DTYPES:
                 raise ValueError(f"dtype {x!r} is not allowed (allowed: {', '.join(sorted(ALLOWED_DTYPES))})")
             return DType(x)
         if tag == "c":
@@ -337,7 +337,7 @@ def describe_value(v: Any) -> str:
     if isinstance(v, Handle):
         return f"h{int(v)}"
     if isinstance(v, tuple):
-        return "(" + ", ".join(describe_value(x) for x in v[:6]) + (", ..." if len(v) > 6 else "") + ")"
+        return "(" + ", ".join(describe_value(x) for x in v[:6]) + (", ..." if len(v) > 6 else "," if len(v) == 1 else "") + ")"
     if isinstance(v, slice):
         return f"{'' if v.start is None else v.start}:{'' if v.stop is None else v.stop}" + (
             f":{v.step}" if v.step is not None else ""
