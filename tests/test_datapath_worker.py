@@ -212,8 +212,11 @@ def test_random_bytes_after_handshake_never_hurt_others(two_leases, bystanders, 
     (_, url1), _ = two_leases
     s = _raw(url1)
     try:
-        s.sendall(junk)
-        s.shutdown(socket.SHUT_WR)
+        try:
+            s.sendall(junk)
+            s.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # the worker refused and closed before all of it arrived
         assert _closed(s)
     finally:
         s.close()
