@@ -52,7 +52,7 @@ class LeaseAccounting:
 
     def _oom_message(self, nbytes: int, what: str) -> str:
         return (
-            f"slice memory quota exceeded: {what} needs {nbytes} bytes, "
+            f"slice memory quota exceeded: needs {nbytes} bytes, "
             f"{self.memory_in_use_bytes} of {self.quota_bytes} bytes in use"
         )
 

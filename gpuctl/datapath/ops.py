@@ -110,7 +110,7 @@ BINARY_UFUNCS = (
 
 def _ufunc(name: str) -> Callable[..., Any]:
     def fn(s, *args, **kwargs):
-        return getattr(s.xp, name)(*args, **_kw(kwargs))
+        return getattr(s.xp, name)(*args, **kwargs)
 
     return fn
 

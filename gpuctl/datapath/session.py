@@ -208,24 +208,63 @@ class Session:
             return str(v)
         return v
 
+    def _arg(self, v: Any) -> Any:
+        """Decode and resolve one argument: a fast path for handles and plain scalars, the full
+        checked decoder (protocol.decode_value) for everything else."""
+        t = type(v)
+        if t is dict and len(v) == 1 and "h" in v:
+            h = v["h"]
+            if type(h) is not int or h < 0:
+                raise ValueError(f"handle must be a non-negative integer, got {h!r}")
+            arr = self.handles.get(h)
+            if arr is None or type(arr) is Poisoned:
+                return self._resolve(Handle(h))  # raises the right message
+            return arr
+        if t is int or t is float or t is bool or v is None:
+            return v
+        return self._resolve(decode_value(v, self.limits, 1))
+
     def _run_op(self, op: Any, reader: PayloadReader, queries: list) -> None:
         seq = self.seq
         name: Any = "?"
-        args: tuple = ()
         outs: list = []
+        raw_args: Any = []
         try:
-            if not isinstance(op, list) or len(op) not in (3, 4):
+            if type(op) is not list or len(op) not in (3, 4):
                 raise TypeError("an op must be [name, outs, args] or [name, outs, args, kwargs]")
             name, outs, raw_args = op[0], op[1], op[2]
-            raw_kwargs = op[3] if len(op) == 4 else {}
-            if not isinstance(outs, list) or len(outs) > 8 or not all(type(h) is int and h >= 0 for h in outs):
+            raw_kwargs = op[3] if len(op) == 4 else None
+            if type(outs) is not list or len(outs) > 8 or not all(type(h) is int and h >= 0 for h in outs):
                 outs = []
                 raise TypeError("outs must be a list of at most 8 non-negative integer handles")
-            if not isinstance(raw_args, list) or not isinstance(raw_kwargs, dict):
+            if type(raw_args) is not list or (raw_kwargs is not None and type(raw_kwargs) is not dict):
                 raise TypeError("args must be a list and kwargs an object")
-            args = decode_value(raw_args, self.limits)
-            kwargs = {str(k): decode_value(v, self.limits) for k, v in raw_kwargs.items()}
+            if len(raw_args) > self.limits.max_seq:
+                raise ValueError(f"{len(raw_args)} arguments (limit {self.limits.max_seq})")
             what = f"op #{seq} {name}"
+            spec = ops_mod.OPS.get(name) if type(name) is str else None
+            if spec is not None:
+                if raw_kwargs:
+                    extra = set(raw_kwargs) - spec.kwargs
+                    if extra:
+                        raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(map(str, extra)))}")
+                    rkwargs = {k: self._arg(v) for k, v in raw_kwargs.items()}
+                else:
+                    rkwargs = {}
+                rargs = [self._arg(a) for a in raw_args]
+                if spec.estimate is not None and outs:
+                    try:
+                        est = spec.estimate(tuple(rargs), rkwargs)
+                    except (IndexError, KeyError, AttributeError):
+                        est = None
+                    if est:
+                        self.acct.check(int(est), what)
+                result = spec.fn(self, *rargs, **rkwargs)
+                if outs:
+                    self._store(outs, result, what)
+                return
+            args = decode_value(raw_args, self.limits)
+            kwargs = {str(k): decode_value(v, self.limits) for k, v in (raw_kwargs or {}).items()}
             if name == "upload":
                 self._store(outs, reader.take(args[0] if args else None, self, what), what)
             elif name == "free":
@@ -236,26 +275,16 @@ class Session:
             elif name == "rawkernel":
                 self.executor.rawkernel(self, *self._resolve(args), **{k: self._resolve(v) for k, v in kwargs.items()})
             else:
-                spec = ops_mod.lookup(name)
-                extra = set(kwargs) - spec.kwargs
-                if extra:
-                    raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(extra))}")
-                rargs = self._resolve(args)
-                rkwargs = {k: self._resolve(v) for k, v in kwargs.items()}
-                if spec.estimate is not None and outs:
-                    try:
-                        est = spec.estimate(rargs, rkwargs)
-                    except (IndexError, KeyError, AttributeError):
-                        est = None
-                    if est:
-                        self.acct.check(int(est), what)
-                result = spec.fn(self, *rargs, **rkwargs)
-                self._store(outs, result, what)
+                ops_mod.lookup(name)  # raises "unknown op"
         except ProtocolError:
             raise
         except BaseException as e:  # noqa: BLE001 - every op failure is reported to the client
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
+            try:
+                args = decode_value(raw_args, self.limits) if type(raw_args) is list else ()
+            except ValueError:
+                args = ()
             self._fail(seq, name, args, outs, e, queries if name in QUERIES else None)
 
     def _store(self, outs: list, result: Any, what: str) -> None:

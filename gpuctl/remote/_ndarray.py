@@ -423,7 +423,12 @@ def _binary(name: str):
         return ufunc(name, other, self)
 
     def iop(self, other):
-        ufunc(name, self, other, out=self)
+        t = type(other)
+        if t is float or t is int or (t is ndarray and other._conn is self._conn):  # fast path
+            ref = self._ref
+            self._conn.enqueue(name, [], [ref, other._ref if t is ndarray else other], {"out": ref})
+        else:
+            ufunc(name, self, other, out=self)
         return self
 
     return op, rop, iop

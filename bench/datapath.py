@@ -1,0 +1,331 @@
+"""Data-path benchmark: remote attach through a worker on loopback vs the local array library.
+
+    python bench/datapath.py --executor numpy            # CPU machine: ratios to local NumPy
+    python bench/datapath.py --executor cupy --gpu 0     # GPU node: ratios to local CuPy
+
+Every figure is measured in the same run: GEMM (DeepBench training shapes, fp16/fp32, one warm-up
+then N back-to-back products between two synchronizations), small ops (x += 1 on 1024 floats,
+10,000 times, then synchronize), scalar round trip (``float(x)`` of a 0-d array) vs a plain TCP
+ping-pong on loopback, 256 MiB host-to-device / device-to-host vs a plain Python TCP stream, and
+fractional leases (2 x 1/2 and 4 x 1/4 on one GPU running the GEMM loop at once) vs one full
+lease. Prints a table and writes JSON (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+from gpuctl.datapath.testing import running_worker  # noqa: E402
+from gpuctl.remote._connection import Connection, parse_attach  # noqa: E402
+
+DEEPBENCH_TRAIN = [(1760, 16, 1760), (1760, 128, 1760), (2560, 64, 2560), (4096, 7000, 4096),
+                   (5124, 9124, 2560), (7680, 64, 2560), (3072, 128, 1024), (7680, 5481, 2560),
+                   (1024, 700, 512), (8448, 48000, 2816)]
+
+# A tiny TCP peer in a separate process: echo (RTT) or sink/source (stream bandwidth).
+_PEER = r"""
+import socket, sys
+mode = sys.argv[1]
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
+print(srv.getsockname()[1], flush=True)
+c, _ = srv.accept()
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+for o in (socket.SO_SNDBUF, socket.SO_RCVBUF): c.setsockopt(socket.SOL_SOCKET, o, 4 << 20)
+buf = bytearray(1 << 24); mv = memoryview(buf)
+if mode == "echo":
+    while True:
+        n = c.recv_into(mv[:1])
+        if not n: break
+        c.sendall(mv[:1])
+elif mode == "sink":
+    total = int(sys.argv[2])
+    while total:
+        n = c.recv_into(mv[:min(total, len(mv))]); total -= n
+    c.sendall(b"k")
+elif mode == "source":
+    total = int(sys.argv[2]); c.recv(1)
+    data = memoryview(bytearray(total)); c.sendall(data)
+"""
+
+
+def _peer(mode: str, *args: str) -> tuple[subprocess.Popen, socket.socket]:
+    p = subprocess.Popen([sys.executable, "-c", _PEER, mode, *args], stdout=subprocess.PIPE)
+    port = int(p.stdout.readline())
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for o in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        s.setsockopt(socket.SOL_SOCKET, o, 4 << 20)
+    return p, s
+
+
+def tcp_rtt_s(n: int = 2000) -> float:
+    """Median round trip of 1 byte over loopback TCP to another process (seconds)."""
+    p, s = _peer("echo")
+    try:
+        b = bytearray(1)
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            s.sendall(b"x")
+            s.recv_into(b)
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
+    finally:
+        s.close()
+        p.wait()
+
+
+def tcp_stream_bytes_per_s(nbytes: int) -> dict[str, float]:
+    """Plain Python TCP stream over loopback, both directions (bytes/s)."""
+    data = memoryview(np.ones(nbytes, np.uint8))
+    p, s = _peer("sink", str(nbytes))
+    t = time.perf_counter()
+    s.sendall(data)
+    s.recv(1)
+    up = nbytes / (time.perf_counter() - t)
+    s.close()
+    p.wait()
+    p, s = _peer("source", str(nbytes))
+    buf = np.empty(nbytes, np.uint8)
+    mv = memoryview(buf)
+    t = time.perf_counter()
+    s.sendall(b"g")
+    got = 0
+    while got < nbytes:
+        got += s.recv_into(mv[got:])
+    down = nbytes / (time.perf_counter() - t)
+    s.close()
+    p.wait()
+    return {"send_bytes_per_s": up, "recv_bytes_per_s": down}
+
+
+class Local:
+    """The local library (numpy or cupy) with a synchronize() that means the same as remote's."""
+
+    def __init__(self, executor: str):
+        if executor == "cupy":
+            import cupy
+
+            self.xp = cupy
+            self.sync = lambda: cupy.cuda.Device().synchronize()
+        else:
+            self.xp = np
+            self.sync = lambda: None
+
+
+def best_of(fn: Callable[[], float], repeat: int) -> float:
+    return min(fn() for _ in range(repeat))
+
+
+def bench_gemm(xp: Any, sync: Callable[[], None], shapes: list, dtypes: list, reps: int) -> dict:
+    out = {}
+    for dt in dtypes:
+        for (m, n, k) in shapes:
+            a = xp.ones((m, k), dtype=dt) if xp is np else xp.random.rand(m, k).astype(dt)
+            b = xp.ones((k, n), dtype=dt) if xp is np else xp.random.rand(k, n).astype(dt)
+            c = a @ b  # warm-up
+            sync()
+            t = time.perf_counter()
+            for _ in range(reps):
+                c = a @ b
+            sync()
+            out[f"{m}x{n}x{k}/{dt}"] = (time.perf_counter() - t) / reps
+            del a, b, c
+    return out
+
+
+def bench_small_ops(xp: Any, sync: Callable[[], None], n: int = 10_000) -> float:
+    x = xp.zeros(1024, dtype=xp.float32)
+    x += 1
+    sync()
+
+    def run() -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            x.__iadd__(1)
+        sync()
+        return (time.perf_counter() - t) / n
+
+    return best_of(run, 3)
+
+
+def bench_scalar_rtt(cp: Any, n: int = 1000) -> float:
+    x = cp.ones(())
+    float(x)
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        float(x)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def bench_transfer(cp: Any, xp_local: Local | None, nbytes: int) -> dict[str, float]:
+    host = np.ones(nbytes // 4, np.float32)
+    out = np.empty_like(host)
+    cp.synchronize()
+
+    def h2d() -> float:
+        t = time.perf_counter()
+        d = cp.asarray(host)
+        cp.synchronize()
+        dt = time.perf_counter() - t
+        del d
+        return dt
+
+    def d2h() -> float:
+        t = time.perf_counter()
+        d.get(out=out)
+        return time.perf_counter() - t
+
+    up = best_of(h2d, 3)
+    d = cp.asarray(host)
+    down = best_of(d2h, 3)
+    return {"h2d_bytes_per_s": nbytes / up, "d2h_bytes_per_s": nbytes / down}
+
+
+def bench_fractional(executor: str, gpu: int | None, quota_total: int, n_leases: int, size: int, reps: int,
+                     dtype: str) -> float:
+    """Aggregate products/s of `n_leases` leases of 1/n each running the GEMM loop at once."""
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        urls = [stack.enter_context(running_worker(quota_bytes=quota_total // n_leases, executor=executor,
+                                                   gpu_index=gpu, compute_share=1.0 / n_leases))[1]
+                for _ in range(n_leases)]
+        conns = [Connection(parse_attach(u)) for u in urls]
+        ready = threading.Barrier(n_leases + 1)
+        done: list[float] = []
+
+        def run(conn: Connection) -> None:
+            h_a = conn.mint()
+            conn.enqueue("ones", [h_a], [[size, size], {"d": dtype}])
+            conn.sync("sync")
+            ready.wait()
+            t = time.perf_counter()
+            for i in range(reps):
+                h = conn.mint()
+                conn.enqueue("matmul", [h], [{"h": h_a}, {"h": h_a}])
+                conn.free_later(h)
+            conn.sync("sync")
+            done.append(time.perf_counter() - t)
+
+        threads = [threading.Thread(target=run, args=(c,)) for c in conns]
+        for t in threads:
+            t.start()
+        ready.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        for c in conns:
+            c.close()
+        return n_leases * reps / wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--executor", choices=("numpy", "cupy"), default="numpy")
+    ap.add_argument("--gpu", type=int, default=0, help="GPU index for --executor cupy")
+    ap.add_argument("--gemm-reps", type=int, default=None, help="products per GEMM figure (400 on cupy, 3 on numpy)")
+    ap.add_argument("--gemm-max-gflop", type=float, default=None,
+                    help="skip GEMM shapes above this many GFLOP per product (default: none on cupy, 5 on numpy)")
+    ap.add_argument("--transfer-mib", type=int, default=256)
+    ap.add_argument("--quota-gib", type=float, default=None, help="lease quota (default 100 on cupy, 4 on numpy)")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: gemm,small,rtt,transfer,fractional")
+    ap.add_argument("--out", default=None, help="JSON file (default bench/datapath-<executor>.json)")
+    args = ap.parse_args()
+    gpu = args.gpu if args.executor == "cupy" else None
+    reps = args.gemm_reps or (400 if args.executor == "cupy" else 3)
+    max_gflop = args.gemm_max_gflop if args.gemm_max_gflop is not None else (None if args.executor == "cupy" else 5.0)
+    quota = int((args.quota_gib or (100 if args.executor == "cupy" else 4)) * (1 << 30))
+    skip = set(filter(None, args.skip.split(",")))
+    local = Local(args.executor)
+    res: dict[str, Any] = {"executor": args.executor, "command": " ".join([sys.executable, *sys.argv]),
+                           "host": platform.node(), "python": platform.python_version(), "numpy": np.__version__,
+                           "started_s": time.time()}
+    if args.executor == "cupy":
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(args.gpu))
+        import cupy
+
+        res["cupy"] = cupy.__version__
+        res["gpu"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    rows: list[tuple[str, str, str, str, str]] = []
+
+    with running_worker(quota_bytes=quota, executor=args.executor, gpu_index=gpu, ttl_s=3600) as (_, url):
+        import gpuctl.remote as cp
+
+        cp.attach(url)
+        if "rtt" not in skip:
+            rtt = tcp_rtt_s()
+            scalar = bench_scalar_rtt(cp)
+            res["rtt"] = {"tcp_rtt_s": rtt, "scalar_get_s": scalar, "ratio": scalar / rtt, "target": "<= 3"}
+            rows.append(("scalar .get() round trip", f"{scalar * 1e6:.1f} us", f"TCP RTT {rtt * 1e6:.1f} us",
+                         f"{scalar / rtt:.2f}x", "<= 3x"))
+        if "small" not in skip:
+            loc = bench_small_ops(local.xp, local.sync)
+            rem = bench_small_ops(cp, cp.synchronize)
+            res["small_ops"] = {"local_s_per_op": loc, "remote_s_per_op": rem, "ratio": rem / loc, "target": "<= 1.5"}
+            rows.append(("x += 1 (1024 f32) x10k", f"{rem * 1e6:.2f} us/op", f"local {loc * 1e6:.2f} us/op",
+                         f"{rem / loc:.2f}x", "<= 1.5x"))
+        if "transfer" not in skip:
+            nbytes = args.transfer_mib << 20
+            tcp = tcp_stream_bytes_per_s(nbytes)
+            tr = bench_transfer(cp, local, nbytes)
+            res["transfer"] = {"bytes": nbytes, **tcp, **tr,
+                               "h2d_ratio": tr["h2d_bytes_per_s"] / tcp["send_bytes_per_s"],
+                               "d2h_ratio": tr["d2h_bytes_per_s"] / tcp["recv_bytes_per_s"], "target": ">= 0.8"}
+            for k, t in (("h2d", "send"), ("d2h", "recv")):
+                rows.append((f"{k.upper()} {args.transfer_mib} MiB", f"{tr[f'{k}_bytes_per_s'] / 1e9:.2f} GB/s",
+                             f"TCP {tcp[f'{t}_bytes_per_s'] / 1e9:.2f} GB/s",
+                             f"{res['transfer'][f'{k}_ratio']:.2f}", ">= 0.8"))
+        if "gemm" not in skip:
+            shapes = [s for s in DEEPBENCH_TRAIN if max_gflop is None or 2 * s[0] * s[1] * s[2] / 1e9 <= max_gflop]
+            dtypes = ["float16", "float32"] if args.executor == "cupy" else ["float32"]
+            loc = bench_gemm(local.xp, local.sync, shapes, dtypes, reps)
+            rem = bench_gemm(cp, cp.synchronize, shapes, dtypes, reps)
+            res["gemm"] = {"reps": reps, "shapes": {k: {"local_s": loc[k], "remote_s": rem[k],
+                                                        "ratio_local_over_remote": loc[k] / rem[k],
+                                                        "target_applies": loc[k] >= 1e-3} for k in loc}}
+            for k in loc:
+                rows.append((f"GEMM {k}", f"{rem[k] * 1e3:.3f} ms", f"local {loc[k] * 1e3:.3f} ms",
+                             f"{loc[k] / rem[k]:.3f}", ">= 0.98" if loc[k] >= 1e-3 else "(< 1 ms: reported)"))
+        cp.detach()
+
+    if "fractional" not in skip:
+        size = 8192 if args.executor == "cupy" else 256
+        dtype = "float16" if args.executor == "cupy" else "float32"
+        freps = 50 if args.executor == "cupy" else 20
+        full = bench_fractional(args.executor, gpu, quota, 1, size, freps, dtype)
+        res["fractional"] = {"size": size, "dtype": dtype, "full_products_per_s": full}
+        for n in (2, 4):
+            agg = bench_fractional(args.executor, gpu, quota, n, size, freps, dtype)
+            res["fractional"][f"{n}x1/{n}"] = {"aggregate_products_per_s": agg, "ratio": agg / full}
+            rows.append((f"fractional {n} x 1/{n} ({size}^3 {dtype})", f"{agg:.1f} prod/s", f"full {full:.1f} prod/s",
+                         f"{agg / full:.2f}", ">= 0.95"))
+
+    widths = [max(len(r[i]) for r in rows + [("figure", "remote", "baseline", "ratio", "target")]) for i in range(5)]
+    for r in [("figure", "remote", "baseline", "ratio", "target")] + rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), f"datapath-{args.executor}.json")
+    with open(out, "w") as f:
+        json.dump(res, f, indent=2)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
