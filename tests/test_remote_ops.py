@@ -347,7 +347,7 @@ def test_quota_exceeded_raises_oom_and_lease_stays_usable(small_lease):
 def test_upload_over_quota_is_drained_and_connection_survives(small_lease):
     big = np.ones(200_000)  # 1.6 MB > 1 MiB quota
     x = cp.asarray(big)
-    with pytest.raises(cp.OutOfMemoryError, match=r"^op #\d+ upload\(0,\): slice memory quota exceeded: needs 1600000 bytes, 0 of 1048576"):
+    with pytest.raises(cp.OutOfMemoryError, match=r"^op #\d+ upload\(0\): slice memory quota exceeded: needs 1600000 bytes, 0 of 1048576"):
         x.get()
     y = cp.asarray(np.arange(5.0))
     assert y.get().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
