@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import json
 import socket
+import ssl
 import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -145,16 +146,20 @@ def parse_header(buf: bytes | bytearray | memoryview, limits: Limits = DEFAULT_L
     return Header(version, ft, flags, meta_len, payload_len)
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=True)
+_DECODER = json.JSONDecoder()
+
+
 def encode_meta(meta: dict[str, Any]) -> bytes:
     """Metadata as compact UTF-8 JSON."""
-    return json.dumps(meta, separators=(",", ":"), allow_nan=True).encode()
+    return _ENCODER.encode(meta).encode()
 
 
 def decode_meta(buf: bytes | bytearray | memoryview) -> dict[str, Any]:
     """Parse metadata JSON; it must be an object. Raises ProtocolError("bad_meta") otherwise."""
     try:
-        meta = json.loads(bytes(buf))
-    except (ValueError, RecursionError) as e:
+        meta = _DECODER.decode(bytes(buf).decode())
+    except (ValueError, RecursionError, UnicodeDecodeError) as e:
         raise ProtocolError(f"meta: not valid JSON ({str(e)[:120]})", "bad_meta") from None
     if not isinstance(meta, dict):
         raise ProtocolError(f"meta: expected a JSON object, got {type(meta).__name__}", "bad_meta")
@@ -256,8 +261,6 @@ def send_parts(sock: socket.socket, parts: list[memoryview]) -> None:
 
 
 def _is_tls(sock: socket.socket) -> bool:
-    import ssl
-
     return isinstance(sock, ssl.SSLSocket)
 
 

@@ -39,6 +39,7 @@ from gpuctl.datapath.protocol import (
 )
 
 MAX_QUEUED_OPS = 4096
+_REPLY_LIMITS = Limits(max_payload_bytes=1 << 40)
 FLUSH_PAYLOAD_BYTES = 1 << 20
 #: Uploads smaller than this are copied when queued (so later writes to the NumPy array do not
 #: change what is sent); larger ones are sent at once.
@@ -253,7 +254,7 @@ class Connection:
                 self._take_frees()
             self._send_batch(sync=True, query=[name, [], args or []])
             try:
-                hdr = recv_header(self.sock, Limits(max_payload_bytes=1 << 40))
+                hdr = recv_header(self.sock, _REPLY_LIMITS)
                 if hdr.ftype == FrameType.ERROR:
                     meta = recv_meta(self.sock, hdr)
                     raise self._lose(f"worker closed the connection: {meta.get('message')}")
