@@ -281,6 +281,10 @@ def tune_socket(sock: socket.socket, buffer_bytes: int = 4 << 20) -> None:
 # argument values
 
 
+#: Longest string argument (RawKernel source is the longest legitimate one).
+MAX_STRING_CHARS = 1 << 20
+
+
 class Handle(int):
     """A decoded handle reference ``{"h": N}`` (an int subclass so that it is cheap to look up)."""
 
@@ -296,8 +300,8 @@ def decode_value(v: Any, limits: Limits = DEFAULT_LIMITS, depth: int = 0) -> Any
     Raises ValueError naming what is wrong (depth, length, unknown tag, wrong types).
     """
     if v is None or isinstance(v, (bool, int, float, str)):
-        if isinstance(v, str) and len(v) > 4096:
-            raise ValueError(f"string argument of {len(v)} characters (limit 4096)")
+        if isinstance(v, str) and len(v) > MAX_STRING_CHARS:
+            raise ValueError(f"string argument of {len(v)} characters (limit {MAX_STRING_CHARS})")
         return v
     if depth >= limits.max_depth:
         raise ValueError(f"argument nested deeper than {limits.max_depth}")
