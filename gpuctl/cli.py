@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from gpuctl import __version__
 from gpuctl.exit_codes import ExitCode
+from gpuctl.widgets.format import human_bytes as fmt_bytes  # noqa: F401 - re-exported for verb modules
 
 class UsageError(Exception):
     """Bad command-line input; the message names the flag."""
@@ -116,16 +117,6 @@ def _console():
     return Console(highlight=False)
 
 
-def fmt_bytes(n: int | None) -> str:
-    """Bytes as a binary-unit label ("1.5 GiB", "512 MiB"); "N/A" for None."""
-    if n is None:
-        return "N/A"
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
 def fmt_fraction(f: float) -> str:
     """1 -> "1", 0.5 -> "1/2", 0.25 -> "1/4", 0.125 -> "1/8"."""
     if abs(f - 1) < 1e-9:
@@ -204,18 +195,21 @@ def _print_status(snapshot, cfg) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from gpuctl.widgets.format import memory_label
+
     colors = {d.name: d.color for d in cfg.departments if d.color}
     con = _console()
     for n in snapshot.nodes:
         if not n.reachable or n.error:
-            con.print(Text(f"{n.name}: {'unreachable' if not n.reachable else 'error'}: {n.error}",
-                           style="bold red"))
+            con.print(Text(f"{'unreachable' if not n.reachable else 'error'}: {n.error}", style="bold red"))
             continue
         t = Table(title=f"{n.name} ({n.hostname}, {n.backend}, generation {n.generation})",
                   title_justify="left")
-        for col, just in (("GPU", "right"), ("name", "left"), ("SM %", "right"), ("memory", "right"),
-                          ("temp", "right"), ("power", "right"), ("slices", "left")):
-            t.add_column(col, justify=just)
+        t.add_column("GPU", justify="right", no_wrap=True)
+        t.add_column("name", no_wrap=True, overflow="ellipsis", max_width=14)
+        for col in ("SM %", "memory", "temp", "power"):
+            t.add_column(col, justify="right", no_wrap=True)
+        t.add_column("slices", min_width=14)
         for g in n.gpus:
             s = g.sample
             slices = Text()
@@ -231,7 +225,7 @@ def _print_status(snapshot, cfg) -> None:
             t.add_row(
                 str(g.identity.index), g.identity.name,
                 _na(s.sm_util_pct if s else None, "{:.0f}"),
-                f"{fmt_bytes(s.memory_used_bytes if s else None)} / {fmt_bytes(mem_total)}",
+                memory_label(s.memory_used_bytes if s else None, mem_total),
                 _na(s.temperature_c if s else None, "{:.0f} °C"),
                 _na(s.power_w if s else None, "{:.0f} W"),
                 slices)
@@ -253,7 +247,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         _print_status(snap, cfg)
     down = [n for n in snap.nodes if not n.reachable]
     for n in down:
-        _err(f"node {n.name} unreachable: {n.error}")
+        _err(f"unreachable: {n.error}")
     return ExitCode.UNREACHABLE if down else ExitCode.OK
 
 

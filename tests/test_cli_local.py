@@ -128,7 +128,7 @@ def test_unreachable_node_leaves_others_intact(fleet):
     n1, n2 = r.json["nodes"]
     assert n1["reachable"] is True and len(n1["gpus"]) == 4
     assert n2["reachable"] is False and "n2" in n2["error"] and n2["gpus"] == []
-    assert "node n2 unreachable" in r.stderr
+    assert "unreachable: node n2: " in r.stderr
 
 
 def test_departments_counts_gpu_equivalents(fleet):
