@@ -57,8 +57,8 @@ elif mode == "sink":
         n = c.recv_into(mv[:min(total, len(mv))]); total -= n
     c.sendall(b"k")
 elif mode == "source":
-    total = int(sys.argv[2]); c.recv(1)
-    data = memoryview(bytearray(total)); c.sendall(data)
+    total = int(sys.argv[2]); data = memoryview(bytearray(total)); c.recv(1)
+    c.sendall(data)
 """
 
 

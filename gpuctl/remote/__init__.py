@@ -67,7 +67,8 @@ def array(obj: Any, dtype: Any = None, copy: bool = True, order: str = "C", ndmi
     if isinstance(obj, ndarray):
         out = obj.astype(dtype) if dtype is not None else (obj.copy() if copy else obj)
         return out
-    host = np.array(obj, dtype=dtype, ndmin=ndmin)
+    # no host copy here: the upload copies small arrays and sends large ones before returning
+    host = np.asarray(obj, dtype=dtype) if isinstance(obj, np.ndarray) and not ndmin else np.array(obj, dtype=dtype, ndmin=ndmin)
     conn = get_connection()
     return ndarray._wrap(conn, conn.upload(host), host.shape, host.dtype)
 

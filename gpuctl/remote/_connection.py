@@ -39,6 +39,9 @@ from gpuctl.datapath.protocol import (
 )
 
 MAX_QUEUED_OPS = 4096
+#: Queued ops are sent (without waiting) in batches that grow 1, 2, 4, ... up to this after each
+#: synchronization, so the worker starts at once and then client and worker run in parallel.
+MAX_BATCH_OPS = 64
 _REPLY_LIMITS = Limits(max_payload_bytes=1 << 40)
 FLUSH_PAYLOAD_BYTES = 1 << 20
 #: Uploads smaller than this are copied when queued (so later writes to the NumPy array do not
@@ -123,6 +126,8 @@ class Connection:
         self._pending_free: list[int] = []
         self._next_handle = 1
         self.ops_sent = 0
+        self.syncs = 0
+        self._flush_at = 1
         self.lost: str | None = None
         try:
             sock = socket.create_connection((spec.host, spec.port), timeout=timeout_s)
@@ -170,8 +175,9 @@ class Connection:
             if self._pending_free:
                 self._take_frees()
             self._ops.append([name, outs, args, kwargs] if kwargs else [name, outs, args])
-            if len(self._ops) >= MAX_QUEUED_OPS:
+            if len(self._ops) >= self._flush_at:
                 self._send_batch(sync=False)
+                self._flush_at = min(self._flush_at * 2, MAX_BATCH_OPS)
 
     def upload(self, arr: np.ndarray) -> int:
         """Queue an upload of host array `arr` (C order); returns its new handle. Small arrays are
@@ -253,6 +259,8 @@ class Connection:
             if self._pending_free:
                 self._take_frees()
             self._send_batch(sync=True, query=[name, [], args or []])
+            self.syncs += 1
+            self._flush_at = 1
             try:
                 hdr = recv_header(self.sock, _REPLY_LIMITS)
                 if hdr.ftype == FrameType.ERROR:
