@@ -111,8 +111,12 @@ def _exit_for(code: str) -> int:
     return ExitCode.FAILURE
 
 
+def _usage(message: str) -> LeaseCliError:
+    return LeaseCliError(message, ExitCode.USAGE)
+
+
 def _check_args(args: argparse.Namespace, cfg: Any) -> None:
-    from gpuctl.cli import UsageError
+    """Check --gpus/--slices, --node and --dept against the fleet config; LeaseCliError (USAGE)."""
     from gpuctl.leasing import validate_amount
     from gpuctl.model import UNASSIGNED
 
@@ -120,11 +124,11 @@ def _check_args(args: argparse.Namespace, cfg: Any) -> None:
         validate_amount(args.slices, args.gpus)
     except ValueError as e:
         flag = "--slices" if args.slices is not None else "--gpus"
-        raise UsageError(f"{flag}: {e}") from None
+        raise _usage(f"{flag}: {e}") from None
     if args.node and cfg.node(args.node) is None:
-        raise UsageError(f"--node: unknown node {args.node!r} (known: {', '.join(n.name for n in cfg.nodes)})")
+        raise _usage(f"--node: unknown node {args.node!r} (known: {', '.join(n.name for n in cfg.nodes)})")
     if cfg.departments and args.dept != UNASSIGNED and cfg.department(args.dept) is None:
-        raise UsageError(f"--dept: unknown department {args.dept!r} (known: "
+        raise _usage(f"--dept: unknown department {args.dept!r} (known: "
                          f"{', '.join(d.name for d in cfg.departments)})")
 
 
@@ -343,14 +347,14 @@ def _forward_sigint(count: int) -> bool:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """`gpuctl run ... -- CMD ARGS`: lease, run CMD attached, release; CMD's exit status."""
-    from gpuctl.cli import UsageError, _err, _fleet, _load_config
+    from gpuctl.cli import _err, _fleet, _load_config
     from gpuctl.client import NodeError
 
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise UsageError("run: give the command after --, e.g. gpuctl run --dept research --gpus 0.25 -- "
+        raise _usage("run: give the command after --, e.g. gpuctl run --dept research --gpus 0.25 -- "
                          "python train.py")
     cfg = _load_config(args)
     _check_args(args, cfg)
@@ -417,4 +421,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         fleet.close()
 
 
-LEASE_VERBS = {"lease": cmd_lease, "release": cmd_release, "leases": cmd_leases, "run": cmd_run}
+def _reporting(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Run a verb; a LeaseCliError is said on stderr and becomes its exit code. (Not cli.UsageError:
+    under ``python -m gpuctl.cli`` that class exists twice, as __main__'s and gpuctl.cli's.)"""
+
+    def verb(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except LeaseCliError as e:
+            print(f"gpuctl: {e}", file=sys.stderr)
+            return e.exit_code
+
+    verb.__doc__ = fn.__doc__
+    return verb
+
+
+LEASE_VERBS = {"lease": _reporting(cmd_lease), "release": _reporting(cmd_release),
+               "leases": _reporting(cmd_leases), "run": _reporting(cmd_run)}
