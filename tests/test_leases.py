@@ -431,3 +431,11 @@ def test_split_usage_by_fraction():
     assert out["B/1"] == {"memory_in_use_bytes": 333, "ops_per_s": 10.0, "bytes_in": 3, "bytes_out": 1}
     one = split_usage({"memory_in_use_bytes": 5, "bytes_in": 1, "bytes_out": 2}, [_s("A", 0, 1.0)])
     assert one["A/0"] == {"memory_in_use_bytes": 5, "ops_per_s": None, "bytes_in": 1, "bytes_out": 2}
+
+
+def test_lease_modules_are_headless():
+    code = ("import sys, gpuctl.leasing, gpuctl.daemon.leases, gpuctl.leases_cli, gpuctl.cli; "
+            "print('textual' in sys.modules, 'gpuctl.datapath.launcher' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]  # and the CLI does not load the worker launcher
