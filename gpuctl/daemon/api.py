@@ -22,6 +22,7 @@ import grp
 import json
 import logging
 import os
+import re
 import socket
 import socketserver
 import stat
@@ -39,7 +40,7 @@ from typing import Any, Callable
 from gpuctl import __version__
 from gpuctl.daemon.state import LEASED_MODES, NodeStateManager, StaleGeneration, StateError
 from gpuctl.daemon.telemetry import Sampler
-from gpuctl.model import ALLOWED_PARTS, GpuIdentity, GpuSample, GpuStatus
+from gpuctl.model import ALLOWED_PARTS, UNASSIGNED, GpuIdentity, GpuSample, GpuStatus
 
 log = logging.getLogger("gpuctld.api")
 
@@ -47,6 +48,16 @@ log = logging.getLogger("gpuctld.api")
 MAX_BODY_BYTES = 1024 * 1024
 #: Longest request id accepted, characters.
 MAX_REQUEST_ID_CHARS = 200
+#: Longest string accepted in any body field (names, ids), characters.
+MAX_STRING_CHARS = 256
+#: Largest generation accepted (a signed 64-bit counter).
+MAX_GENERATION = 2**63 - 1
+#: Seconds a client may stay silent in the middle of a request before it gets 408 and is closed.
+REQUEST_TIMEOUT_S = 30.0
+#: Seconds a kept-alive connection may stay idle between requests before it is closed.
+IDLE_TIMEOUT_S = 300.0
+#: Most connections served at once; more get 503 ``too_many_connections`` and are closed.
+MAX_CONNECTIONS = 128
 #: Mode of the socket file: owner and group may connect.
 SOCKET_MODE = 0o660
 
@@ -99,17 +110,32 @@ class ApiRequest:
         except UnicodeDecodeError as e:
             raise ApiError(400, "bad_json", f"the request body is not UTF-8 (byte {e.start})") from e
         try:
-            data = json.loads(text)
+            data = json.loads(text, parse_constant=_refuse_constant)
         except json.JSONDecodeError as e:
             raise ApiError(
                 400, "bad_json", f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
             ) from e
+        except RecursionError:
+            raise ApiError(400, "bad_json", "the request body is nested too deeply") from None
+        except ValueError as e:  # an integer literal over Python's digit limit
+            raise ApiError(400, "bad_json", f"the request body holds a number that is too long: {e}") from None
         if not isinstance(data, dict):
             raise ApiError(400, "bad_json", f"the request body must be a JSON object, not {type(data).__name__}")
         return data
 
 
 Handler = Callable[[ApiRequest], tuple[int, dict[str, Any]]]
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ApiError(400, "bad_json", f"the request body is not valid JSON: {name} is not a JSON number")
+
+
+def printable(text: str, limit: int = 300) -> str:
+    """`text` with every non-printable character (control characters, lone surrogates, bidi
+    controls) written as a backslash escape, cut to `limit` characters: safe for a log line."""
+    out = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text[:limit])
+    return out + ("..." if len(text) > limit else "")
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,9 +155,25 @@ def _get(data: dict[str, Any], key: str, typ: type, where: str, *, required: boo
         raise ApiError(
             400, "invalid_field", f"{where} must be {_TYPE_WORDS[typ]}, got {json.dumps(value)[:80]}", where
         )
-    if typ is str and not value.strip():
-        raise ApiError(400, "invalid_field", f"{where} must not be empty", where)
+    if typ is str:
+        _check_text(value, where)
     return value
+
+
+def _check_text(value: str, where: str) -> None:
+    """Every string field: not empty, at most MAX_STRING_CHARS, printable (no control characters,
+    lone surrogates or bidi controls, which would corrupt logs, terminals and the state file), no
+    spaces at either end (names that look alike must be alike)."""
+    if not value.strip():
+        raise ApiError(400, "invalid_field", f"{where} must not be empty", where)
+    if len(value) > MAX_STRING_CHARS:
+        raise ApiError(400, "invalid_field", f"{where} is longer than {MAX_STRING_CHARS} characters", where)
+    if not value.isprintable():
+        bad = next(ch for ch in value if not ch.isprintable())
+        raise ApiError(400, "invalid_field",
+                       f"{where} must be printable text; it holds {ascii(bad)} ({printable(value, 80)!r})", where)
+    if value != value.strip():
+        raise ApiError(400, "invalid_field", f"{where} must not start or end with spaces, got {value!r}", where)
 
 
 def _no_unknown(data: dict[str, Any], allowed: set[str], prefix: str = "") -> None:
@@ -155,6 +197,9 @@ def _generation(data: dict[str, Any]) -> int:
     gen = _get(data, "generation", int, "generation")
     if gen < 0:
         raise ApiError(400, "invalid_field", f"generation must be >= 0, got {gen}", "generation")
+    if gen > MAX_GENERATION:
+        raise ApiError(400, "invalid_field", f"generation must be <= {MAX_GENERATION}, got {str(gen)[:40]}...",
+                       "generation")
     return gen
 
 
@@ -172,7 +217,16 @@ def parse_assign(data: dict[str, Any]) -> tuple[str, int, list[dict[str, str]], 
         if not isinstance(m, dict):
             raise ApiError(400, "invalid_field", f"{where} must be an object with slice_id, from, to", where)
         _no_unknown(m, {"slice_id", "from", "to"}, prefix=f"{where}.")
-        moves.append({k: _get(m, k, str, f"{where}.{k}") for k in ("slice_id", "from", "to")})
+        move = {k: _get(m, k, str, f"{where}.{k}") for k in ("slice_id", "from", "to")}
+        for k in ("from", "to"):
+            if move[k] != UNASSIGNED and move[k].casefold() == UNASSIGNED:
+                raise ApiError(400, "invalid_field", f"{where}.{k}: {move[k]!r} is reserved; "
+                               f"write {UNASSIGNED!r} for slices given to no department", f"{where}.{k}")
+        if move["from"] == move["to"]:
+            raise ApiError(400, "invalid_field",
+                           f"{where}.to: slice {move['slice_id']} would move to {move['to']!r}, where it already is",
+                           f"{where}.to")
+        moves.append(move)
     leased = _get(data, "leased", str, "leased", required=False, default="refuse")
     if leased not in LEASED_MODES:
         raise ApiError(400, "invalid_field", f"leased must be one of {', '.join(LEASED_MODES)}, got {leased!r}", "leased")
@@ -314,9 +368,9 @@ class ControlApi:
         """GET /v1/telemetry?since=C&uuid=U: samples of rounds after cursor C (400 since, 404 uuid)."""
         since_raw = request.query.get("since", ["0"])[-1]
         try:
-            since = int(since_raw)
-            if since < 0:
+            if not re.fullmatch(r"[0-9]{1,30}", since_raw):  # int() also takes "+1", "1_0", " 1", "٢"
                 raise ValueError
+            since = int(since_raw)
         except ValueError:
             raise ApiError(400, "invalid_field", f"since must be an integer >= 0, got {since_raw!r}", "since") from None
         uuid = request.query.get("uuid", [None])[-1]
@@ -388,10 +442,52 @@ class _RequestHandler(BaseHTTPRequestHandler):
         pass
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.info("%s %s", self.peer, format % args)
+        log.info("%s %s", self.peer, printable(format % args))
+
+    def handle_one_request(self) -> None:
+        """Read and answer one request (BaseHTTPRequestHandler's, with timeouts): a connection idle
+        for ``server.idle_timeout_s`` between requests is closed quietly; a client silent for
+        ``server.request_timeout_s`` in the middle of a request gets 408 and is closed."""
+        self.requestline = ""
+        try:
+            self.connection.settimeout(self.server.idle_timeout_s)
+            if not self.rfile.peek(1):  # the client closed
+                self.close_connection = True
+                return
+        except OSError:  # TimeoutError included: idle for too long
+            self.close_connection = True
+            return
+        self.connection.settimeout(self.server.request_timeout_s)
+        try:
+            self.raw_requestline = self.rfile.readline(65537)
+            if len(self.raw_requestline) > 65536:
+                self.request_version = "HTTP/1.1"
+                self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG)
+                return
+            if not self.raw_requestline:
+                self.close_connection = True
+                return
+            if not self.parse_request():
+                return
+            method = getattr(self, "do_" + self.command, None)
+            if method is None:
+                self.send_error(HTTPStatus.NOT_IMPLEMENTED, f"Unsupported method ({self.command!r})")
+                return
+            method()
+            self.wfile.flush()
+        except TimeoutError:
+            self.close_connection = True
+            try:
+                self._send(408, ApiError(408, "request_timeout", f"the client sent nothing for "
+                                         f"{self.server.request_timeout_s:g} s in the middle of a request").to_json(),
+                           close=True)
+            except OSError:
+                pass
+            self._log(408, 0.0, "timed out")
 
     def _send(self, status: int, body: dict[str, Any], *, close: bool = False) -> None:
-        payload = (json.dumps(body, ensure_ascii=False) + "\n").encode()
+        # backslashreplace: a lone surrogate from the request, echoed in a message, stays valid JSON
+        payload = (json.dumps(body, ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace")
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
@@ -416,7 +512,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
         self._log(code, 0.0, "")
 
     def _log(self, status: int, elapsed_s: float, note: str) -> None:
-        line = getattr(self, "requestline", "") or "-"
+        line = printable(getattr(self, "requestline", "") or "-")
         log.info("%s \"%s\" %d %.1fms%s", self.peer, line, status, elapsed_s * 1000, f" {note}" if note else "")
 
     def _dispatch(self) -> None:
@@ -424,15 +520,20 @@ class _RequestHandler(BaseHTTPRequestHandler):
         parsed = urllib.parse.urlsplit(self.path)
         request = ApiRequest(method=self.command, path=parsed.path,
                              query=urllib.parse.parse_qs(parsed.query), peer=self.peer)
+        if self.request_version == "HTTP/0.9":
+            self.send_error(400, "HTTP/0.9 requests are not supported; send HTTP/1.1")
+            return
         if self.headers.get("Transfer-Encoding"):
             self._send(411, ApiError(411, "length_required", "chunked bodies are not accepted; send Content-Length").to_json(), close=True)
             self._log(411, time.monotonic() - t0, "")
             return
-        length_raw = self.headers.get("Content-Length", "0")
+        lengths = set(self.headers.get_all("Content-Length", ["0"]))
+        length_raw = ", ".join(sorted(lengths))
         try:
-            length = int(length_raw)
-            if length < 0:
+            # one plain decimal: int() would also take "+2", "0_2", "٢"; two values could smuggle a request
+            if len(lengths) != 1 or not re.fullmatch(r"[0-9]{1,30}", length_raw):
                 raise ValueError
+            length = int(length_raw)
         except ValueError:
             self._send(400, ApiError(400, "bad_http", f"Content-Length is not a byte count: {length_raw!r}").to_json(), close=True)
             self._log(400, time.monotonic() - t0, "")
@@ -444,8 +545,14 @@ class _RequestHandler(BaseHTTPRequestHandler):
             return
         if length:
             request.body = self.rfile.read(length)
-            if len(request.body) < length:  # the client went away mid-body
-                self.close_connection = True
+            if len(request.body) < length:  # the client closed (or half-closed) mid-body
+                err = ApiError(400, "bad_http", f"the request body ended after {len(request.body)} of {length} "
+                               f"bytes (Content-Length)")
+                try:
+                    self._send(400, err.to_json(), close=True)
+                except OSError:
+                    self.close_connection = True
+                self._log(400, time.monotonic() - t0, "")
                 return
         status, body = self.server.api.handle(request)
         self._send(status, body)
@@ -460,12 +567,55 @@ class ApiServer(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = False
+    #: listen() backlog. socketserver's default, 5, makes a burst of connects fail at once with
+    #: EAGAIN (a Unix socket's connect with a timeout does not wait for room in the backlog).
+    request_queue_size = socket.SOMAXCONN
+    #: Limits (seconds, connections); instance attributes may override them.
+    request_timeout_s = REQUEST_TIMEOUT_S
+    idle_timeout_s = IDLE_TIMEOUT_S
+    max_connections = MAX_CONNECTIONS
 
     def __init__(self, socket_path: Path, api: ControlApi):
         self.api = api
         self.socket_path = Path(socket_path)
+        self._active = 0
+        self._active_lock = threading.Lock()
         super().__init__(str(socket_path), _RequestHandler)
         self.socket_inode = os.stat(socket_path).st_ino
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Serve the connection on its own thread, or, past ``max_connections``, answer 503
+        ``too_many_connections`` and close it (threads and file descriptors stay bounded)."""
+        with self._active_lock:
+            full = self._active >= self.max_connections
+            if not full:
+                self._active += 1
+        if full:
+            err = ApiError(503, "too_many_connections",
+                           f"gpuctld is serving {self.max_connections} connections; try again shortly")
+            payload = (json.dumps(err.to_json()) + "\n").encode()
+            try:
+                request.settimeout(0.1)
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(payload) + payload)
+            except OSError:
+                pass
+            log.warning("refused a connection: %d connections are open", self.max_connections)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            with self._active_lock:
+                self._active -= 1
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._active_lock:
+                self._active -= 1
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.error("connection error: %s", traceback.format_exc().strip().splitlines()[-1])
