@@ -202,3 +202,36 @@ def test_mlp_train_through_run_matches_local_numpy(demo, cfg):
     np.testing.assert_allclose(remote["loss"], local["loss"], rtol=1e-5)
     assert remote["loss"][-1] < remote["loss"][0]  # it trains
     assert leases_of(demo) == {"sim-01": [], "sim-02": []}
+
+
+@pytest.mark.sshd
+def test_run_over_ssh_leases_through_sshd(tmp_path):
+    """The lease is granted, heartbeated and released through a real sshd (`gpuctld bridge`)."""
+    from daemon_proc import start_daemon
+    from sshd import SshServer, sshd_available
+
+    if not sshd_available():
+        pytest.skip("needs /usr/sbin/sshd and ssh-keygen")
+    d = start_daemon(tmp_path, gpus=2, seed=5, name="alpha")
+    try:
+        with uds_client(d.socket_path) as c:
+            gen = c.get("/v1/slices").json()["generation"]
+            sid = sorted(daemon_slices(d.socket_path))[0]
+            assert c.post("/v1/assign", json={"request_id": "s", "generation": gen, "moves": [
+                {"slice_id": sid, "from": "unassigned", "to": "research"}]}).status_code == 200
+        with SshServer(session_env={"PYTHONPATH": str(REPO_ROOT)}) as sshd:
+            cfg = tmp_path / "fleet.toml"
+            cfg.write_text(f'[[node]]\nname = "alpha"\nhost = "test-sshd"\nsocket = "{d.socket_path}"\n'
+                           f'gpuctld = "{sys.executable} -m gpuctl.daemon"\ntimeout_s = 8\n')
+            r = run_cli("--config", str(cfg), "--ssh-config", str(sshd.ssh_config), "--known-hosts",
+                        str(sshd.known_hosts), "run", "--dept", "research", "--gpus", "1", "--ttl", "1", "--",
+                        sys.executable, "-c", "import time, gpuctl.remote as cp; time.sleep(1.5); "
+                        "print(float((cp.arange(5) ** 2).sum().get()))")
+        assert r.code == 0, r.stderr
+        assert r.stdout.strip() == "30.0"
+        assert "lease lease-" in r.stderr and "on alpha" in r.stderr and "released lease" in r.stderr
+        with uds_client(d.socket_path) as c:
+            assert c.get("/v1/leases").json()["leases"] == []
+        assert "POST /v1/leases/" in d.stderr_text() and "/heartbeat" in d.stderr_text()
+    finally:
+        d.stop()
