@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
@@ -156,7 +157,8 @@ class NodeClient:
 
     def request_result(self, request_id: str) -> dict[str, Any] | None:
         """GET /v1/requests/{id}: the answer recorded for that request id, None if never seen."""
-        return self.request("GET", f"/v1/requests/{request_id}", ok_404=True)
+        # quoted whole: an id holding "/", "?", "#" or "%" must reach the daemon as it is
+        return self.request("GET", f"/v1/requests/{urllib.parse.quote(request_id, safe='')}", ok_404=True)
 
     # -- leases (docs/ARCHITECTURE.md, "Leases")
 

@@ -9,6 +9,7 @@ without moving anything twice.
 
 from __future__ import annotations
 
+import math
 import uuid as uuidlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,8 @@ from gpuctl.model import UNASSIGNED, FleetSnapshot, GpuStatus, NodeStatus, Slice
 
 #: Tolerance when summing fractions of slices (fractions are exact binary floats; this is slack).
 _EPS = 1e-9
+#: Longest --request-id, characters (the daemon's limit, gpuctl.daemon.api.MAX_REQUEST_ID_CHARS).
+MAX_REQUEST_ID_CHARS = 200
 
 LEASED_MODES = ("refuse", "drain", "revoke")
 
@@ -61,8 +64,14 @@ class ReassignRequest:
             raise ReassignError("give exactly one of --count, --gpus or --slice")
         if self.count is not None and self.count < 1:
             raise ReassignError(f"--count: must be a positive integer, got {self.count}")
-        if self.gpus is not None and not self.gpus > 0:
-            raise ReassignError(f"--gpus: must be a positive number of GPU-equivalents, got {self.gpus}")
+        if self.gpus is not None and not (math.isfinite(self.gpus) and self.gpus > _EPS):
+            raise ReassignError(f"--gpus: must be a positive number of GPU-equivalents (finite), got {self.gpus}")
+        rid = self.request_id
+        if rid is not None:
+            # the daemon's rule for every string: refuse here, before any node is asked
+            if not rid.strip() or len(rid) > MAX_REQUEST_ID_CHARS or not rid.isprintable() or rid != rid.strip():
+                raise ReassignError(f"--request-id: must be 1..{MAX_REQUEST_ID_CHARS} printable characters with "
+                                    f"no spaces at either end, got {rid[:80]!r}")
         if self.leased not in LEASED_MODES:
             raise ReassignError(f"leased mode {self.leased!r}: choose refuse, drain or revoke")
 
