@@ -143,15 +143,16 @@ def test_run_heartbeats_past_the_ttl(demo, cfg):
     assert "ended" not in r.stderr  # the heartbeat thread never lost the lease
 
 
-def test_run_forwards_sigterm_then_releases(demo, cfg):
-    script = textwrap.dedent("""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_run_forwards_signal_then_releases(demo, cfg, sig):
+    script = textwrap.dedent(f"""
         import signal, sys, time
         import gpuctl.remote as cp
         x = cp.ones(8)
-        def on_term(signum, frame):
-            print("got SIGTERM, sum", float(x.sum().get()), flush=True)
+        def on_signal(signum, frame):
+            print("got", signal.Signals(signum).name + ", sum", float(x.sum().get()), flush=True)
             sys.exit(42)
-        signal.signal(signal.SIGTERM, on_term)
+        signal.signal({int(sig)}, on_signal)
         print("ready", flush=True)
         time.sleep(30)
     """)
@@ -162,14 +163,14 @@ def test_run_forwards_sigterm_then_releases(demo, cfg):
     try:
         assert p.stdout.readline().strip() == "ready"
         assert len(leases_of(demo)["sim-02"]) == 1
-        p.send_signal(signal.SIGTERM)
+        p.send_signal(sig)  # gpuctl's stdin is no terminal: the signal did not reach CMD by itself
         out, err = p.communicate(timeout=20)
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
     assert p.returncode == 42, err
-    assert out.strip() == "got SIGTERM, sum 8.0"  # the lease was still there while CMD handled it
+    assert out.strip() == f"got {sig.name}, sum 8.0"  # the lease was still there while CMD handled it
     assert "released lease" in err
     assert leases_of(demo) == {"sim-01": [], "sim-02": []}
 
@@ -235,3 +236,31 @@ def test_run_over_ssh_leases_through_sshd(tmp_path):
         assert "POST /v1/leases/" in d.stderr_text() and "/heartbeat" in d.stderr_text()
     finally:
         d.stop()
+
+
+def test_run_releases_and_stops_cmd_when_gpuctl_itself_fails(demo, cfg, monkeypatch, capsys):
+    """A crash inside gpuctl while CMD runs: CMD is terminated and the lease released (finally)."""
+    import gpuctl.leases_cli as leases_cli
+    from gpuctl.cli import main
+
+    started: list[subprocess.Popen] = []
+
+    class FailingWait(subprocess.Popen):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            started.append(self)
+
+        def wait(self, timeout=None):
+            if timeout is None:  # gpuctl's own wait for CMD
+                assert len(leases_of(demo)["sim-02"]) == 1
+                raise RuntimeError("simulated crash in gpuctl")
+            return super().wait(timeout)
+
+    monkeypatch.setattr(leases_cli.subprocess, "Popen", FailingWait)
+    code = main(["--config", cfg, "run", "--dept", "research", "--gpus", "0.25", "--",
+                 sys.executable, "-c", "import time; time.sleep(30)"])
+    err = capsys.readouterr().err
+    assert code == 1 and "internal error: RuntimeError: simulated crash in gpuctl" in err
+    assert started and started[0].returncode == -signal.SIGTERM  # CMD did not outlive gpuctl's lease
+    assert "released lease" in err
+    assert leases_of(demo) == {"sim-01": [], "sim-02": []}
