@@ -34,6 +34,7 @@ import math
 import os
 import re
 import tomllib
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -239,6 +240,8 @@ def parse_config(data: bytes, path: str) -> FleetConfig:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise _toml_error(e, text, path) from None
+    except RecursionError:  # tomllib recurses once per nested array / inline table
+        raise ConfigError(path, "invalid TOML: arrays or inline tables are nested too deeply") from None
     lines, _ = _scan(text)
     return _Validator(path, lines).fleet(raw)
 
@@ -564,6 +567,19 @@ def _toml_value(value: Any) -> str:
 # Validation of the parsed document
 
 _TOP_KEYS = ("theme", "refresh_s", "max_parallel", "node", "department")
+#: Bounds of the config's numbers: refresh_s >= MIN_REFRESH_S; every seconds value <= MAX_SECONDS
+#: (timeouts far beyond that overflow the OS's time types); max_parallel <= MAX_PARALLEL (threads).
+MIN_REFRESH_S = 0.1
+MAX_SECONDS = 1e6
+MAX_PARALLEL = 1024
+
+
+def name_key(name: str) -> str:
+    """The identity of a node or department name: NFKC-normalized and case-folded, so "Research",
+    "research", "ｒｅｓｅａｒｃｈ" and NFC/NFD spellings of "café" are one name."""
+    return unicodedata.normalize("NFKC", name).casefold()
+
+
 _NODE_KEYS = ("name", "host", "user", "port", "identity_file", "socket", "transport", "gpuctld", "timeout_s")
 _DEPT_KEYS = ("name", "priority", "color")
 _SSH_ONLY = ("host", "user", "port", "identity_file")
@@ -603,11 +619,15 @@ class _Validator:
 
     # values ----------------------------------------------------------------------------------------
 
-    def string(self, loc: _Path, value: Any, *, what: str = "a string") -> str:
+    def string(self, loc: _Path, value: Any, *, what: str = "a string", shown: bool = False) -> str:
+        """A non-empty string; with `shown` (names, theme, color: text put on screen as is) also
+        printable, so no terminal escape or invisible character gets into the console."""
         if not isinstance(value, str):
             self.fail(loc, f"must be {what}, got {_got(value)}")
         if not value:
             self.fail(loc, "must not be empty")
+        if shown and not value.isprintable():
+            self.fail(loc, f"must not hold control or invisible characters, got {value!r}")
         return value
 
     def integer(self, loc: _Path, value: Any, lo: int, hi: int | None) -> int:
@@ -616,9 +636,12 @@ class _Validator:
             self.fail(loc, f"must be {want}, got {_got(value)}")
         return value
 
-    def seconds(self, loc: _Path, value: Any) -> float:
+    def seconds(self, loc: _Path, value: Any, lo: float = 0.0, hi: float = MAX_SECONDS) -> float:
+        """A number of seconds, > lo (or >= lo when lo > 0) and <= hi (timeouts past ~1e9 s overflow)."""
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             self.fail(loc, f"must be a number of seconds > 0, got {_got(value)}")
+        if not lo <= value <= hi:
+            self.fail(loc, f"must be a number of seconds {lo:g}..{hi:g}, got {_got(value)}")
         return float(value)
 
     def check_keys(self, loc: _Path, table: dict[str, Any], known: tuple[str, ...], section: str) -> None:
@@ -634,11 +657,13 @@ class _Validator:
         self.check_keys((), raw, _TOP_KEYS, "the top level")
         kwargs: dict[str, Any] = {}
         if "theme" in raw:
-            kwargs["theme"] = self.string(("theme",), raw["theme"])
+            kwargs["theme"] = self.string(("theme",), raw["theme"], shown=True)
         if "refresh_s" in raw:
-            kwargs["refresh_s"] = self.seconds(("refresh_s",), raw["refresh_s"])
+            kwargs["refresh_s"] = self.seconds(("refresh_s",), raw["refresh_s"], lo=MIN_REFRESH_S)
         if "max_parallel" in raw:
             kwargs["max_parallel"] = self.integer(("max_parallel",), raw["max_parallel"], 1, None)
+            if kwargs["max_parallel"] > MAX_PARALLEL:
+                self.fail(("max_parallel",), f"must be an integer 1..{MAX_PARALLEL}, got {kwargs['max_parallel']}")
         departments = tuple(self.department(loc, t, name) for loc, t, name in self.elements(raw, "department"))
         self.no_duplicates("department", departments)
         nodes = tuple(self.node(loc, t, name) for loc, t, name in self.elements(raw, "node"))
@@ -681,7 +706,7 @@ class _Validator:
         else:
             if "name" not in table:
                 self.fail(loc, f"missing required key 'name' in [[{kind}]]")
-            name, name_loc = self.string(loc + ("name",), table["name"]), loc + ("name",)
+            name, name_loc = self.string(loc + ("name",), table["name"], shown=True), loc + ("name",)
         if not name:
             self.fail(name_loc, "name must not be empty")
         if name != name.strip() or any(not ch.isprintable() for ch in name):
@@ -692,7 +717,7 @@ class _Validator:
         section = "[[department]]" if key_name is None else f"[{_display_path(loc)}]"
         self.check_keys(loc, t, _DEPT_KEYS, section)
         name = self.name(loc, t, key_name, "department")
-        if name.casefold() == UNASSIGNED:
+        if name_key(name) == UNASSIGNED:
             self.fail(
                 loc + ("name",) if key_name is None else loc,
                 f"{UNASSIGNED!r} is reserved for slices given to no department; choose another name",
@@ -701,7 +726,7 @@ class _Validator:
         if "priority" in t:
             kwargs["priority"] = self.integer(loc + ("priority",), t["priority"], 0, None)
         if "color" in t:
-            color = self.string(loc + ("color",), t["color"])
+            color = self.string(loc + ("color",), t["color"], shown=True)
             if color.startswith("#"):
                 if not _HEX_COLOR.fullmatch(color):
                     self.fail(loc + ("color",), f"must be a hex color '#rrggbb', got {color!r}")
@@ -746,12 +771,16 @@ class _Validator:
         return NodeConfig(name=name, host=host, source=Location(self.path, self.line(loc)), **kwargs)
 
     def no_duplicates(self, kind: str, items: tuple[NodeConfig, ...] | tuple[DepartmentConfig, ...]) -> None:
-        first: dict[str, Location | None] = {}
+        first: dict[str, tuple[str, Location | None]] = {}
         for item in items:
-            if item.name in first:
+            key = name_key(item.name)
+            if key in first:
+                other, where = first[key]
+                same = ("" if other == item.name else f" (as {ascii(other)} and {ascii(item.name)}: names differing "
+                                                    f"only in case or Unicode form are one name)")
                 raise ConfigError(
                     self.path,
-                    f"{kind} {item.name!r} is defined twice (first at {first[item.name]})",
+                    f"{kind} {item.name!r} is defined twice{same} (first at {where})",
                     line=item.source.line if item.source else None,
                 )
-            first[item.name] = item.source
+            first[key] = (item.name, item.source)

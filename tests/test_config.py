@@ -23,6 +23,7 @@ from gpuctl.config import (
     _toml_error,
     default_config_path,
     load_config,
+    name_key,
     parse_config,
     render_config,
 )
@@ -525,8 +526,8 @@ _name = _text.filter(lambda s: s == s.strip() and s.isprintable())
 
 @settings(max_examples=60, deadline=None)
 @given(
-    dept_names=st.lists(_name.filter(lambda s: s.casefold() != "unassigned"), max_size=3, unique=True),
-    node_names=st.lists(_name.filter(lambda s: not any(c.isspace() for c in s)), max_size=3, unique=True),
+    dept_names=st.lists(_name.filter(lambda s: name_key(s) != "unassigned"), max_size=3, unique_by=name_key),
+    node_names=st.lists(_name.filter(lambda s: not any(c.isspace() for c in s)), max_size=3, unique_by=name_key),
     host=_text,
     port=st.none() | st.integers(1, 65535),
     timeout_s=st.floats(min_value=1e-6, max_value=1e6, allow_nan=False, allow_infinity=False),
