@@ -147,6 +147,10 @@ def _load_config(args: argparse.Namespace):
 
 def _fleet(args: argparse.Namespace, cfg):
     from gpuctl.client import FleetClient, default_transport_factory
+    from gpuctl.config import ConfigError
+
+    if not cfg.nodes:
+        raise ConfigError(str(cfg.path), "defines no nodes: add a [[node]] table (see README 'Config file')")
 
     return FleetClient(cfg, default_transport_factory(
         ssh_config_path=getattr(args, "ssh_config", None),

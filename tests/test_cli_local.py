@@ -153,3 +153,14 @@ def test_usage_and_config_errors(tmp_path):
     bad.write_text('[[node]]\nname = "x"\nport = "abc"\nhost = "h"\n')
     r = run_cli("--config", str(bad), "status", "--json")
     assert r.code == 3 and f"{bad}:3" in r.stderr and r.stdout == ""
+
+
+def test_config_without_nodes_is_a_config_error(tmp_path):
+    empty = tmp_path / "empty.toml"
+    empty.write_text('[[department]]\nname = "research"\n')
+    r = run_cli("--config", str(empty), "status", "--json")
+    assert r.code == 3
+    assert f"{empty}: defines no nodes: add a [[node]] table" in r.stderr
+    assert r.stdout == ""
+    check = run_cli("--config", str(empty), "config", "check")
+    assert check.code == 0 and "0 node(s), 1 department(s)" in check.stdout
