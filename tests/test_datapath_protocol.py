@@ -38,12 +38,12 @@ def test_header_round_trip():
 @pytest.mark.parametrize(
     "raw, code, message",
     [
-        (HEADER.pack(b"HTTP", 1, 3, 0, 0, 0), "bad_magic", r"header.magic: b'HTTP' is not b'GCDP'"),
-        (HEADER.pack(MAGIC, 9, 3, 0, 0, 0), "version", r"header.version: protocol 9 not supported \(this side speaks 1\)"),
-        (HEADER.pack(MAGIC, 1, 77, 0, 0, 0), "frame_type", r"header.type: unknown frame type 77"),
-        (HEADER.pack(MAGIC, 1, 3, 0, DEFAULT_LIMITS.max_meta_bytes + 1, 0), "oversized",
+        (HEADER.pack(b"HTTP", PROTOCOL_VERSION, 3, 0, 0, 0), "bad_magic", r"header.magic: b'HTTP' is not b'GCDP'"),
+        (HEADER.pack(MAGIC, 9, 3, 0, 0, 0), "version", r"header.version: protocol 9 not supported \(this side speaks 2\)"),
+        (HEADER.pack(MAGIC, PROTOCOL_VERSION, 77, 0, 0, 0), "frame_type", r"header.type: unknown frame type 77"),
+        (HEADER.pack(MAGIC, PROTOCOL_VERSION, 3, 0, DEFAULT_LIMITS.max_meta_bytes + 1, 0), "oversized",
          r"header.meta_len: 8388609 bytes exceeds the limit of 8388608"),
-        (HEADER.pack(MAGIC, 1, 3, 0, 0, 2**63), "oversized", r"header.payload_len: 9223372036854775808 bytes exceeds"),
+        (HEADER.pack(MAGIC, PROTOCOL_VERSION, 3, 0, 0, 2**63), "oversized", r"header.payload_len: 9223372036854775808 bytes exceeds"),
         (b"GCDP\x01", "truncated", r"header: 5 bytes, expected 20"),
     ],
 )
@@ -100,8 +100,8 @@ def test_hello_checks_version_lease_and_token():
     assert ei.value.code == "auth"
     with pytest.raises(ProtocolError, match="lease token refused"):
         check_hello({"protocol": PROTOCOL_VERSION, "lease_id": "L2"}, b"secret", "L1", b"secret", hmac.compare_digest)
-    with pytest.raises(ProtocolError, match="hello.protocol: client speaks 2, worker speaks 1") as ei:
-        check_hello({"protocol": 2, "lease_id": "L1"}, b"secret", "L1", b"secret", hmac.compare_digest)
+    with pytest.raises(ProtocolError, match="hello.protocol: client speaks 1, worker speaks 2") as ei:
+        check_hello({"protocol": 1, "lease_id": "L1"}, b"secret", "L1", b"secret", hmac.compare_digest)
     assert ei.value.code == "version"
 
 
@@ -112,7 +112,7 @@ def test_token_compared_in_constant_time():
         calls.append((a, b))
         return hmac.compare_digest(a, b)
 
-    check_hello({"protocol": 1, "lease_id": "L"}, b"t", "L", b"t", compare)
+    check_hello({"protocol": PROTOCOL_VERSION, "lease_id": "L"}, b"t", "L", b"t", compare)
     assert (b"t", b"t") in calls
 
 

@@ -20,6 +20,7 @@ from gpuctl.datapath.launcher import WorkerStartError, start_worker
 from gpuctl.datapath.protocol import (
     HEADER,
     MAGIC,
+    PROTOCOL_VERSION,
     FrameType,
     encode_meta,
     hello_meta,
@@ -127,12 +128,12 @@ def test_wrong_token_refused_and_worker_keeps_serving(two_leases, bystanders):
 def test_protocol_version_mismatch_refused(two_leases, bystanders):
     (_, url1), _ = two_leases
     s = _raw(url1, authenticate=False)
-    s.sendall(HEADER.pack(MAGIC, 2, FrameType.HELLO, 0, 2, 0) + b"{}")
-    assert _read_error_or_eof(s) == ("version", "header.version: protocol 2 not supported (this side speaks 1)")
+    s.sendall(HEADER.pack(MAGIC, 1, FrameType.HELLO, 0, 2, 0) + b"{}")  # a version-1 client
+    assert _read_error_or_eof(s) == ("version", "header.version: protocol 1 not supported (this side speaks 2)")
     assert _closed(s)
     s = _raw(url1, authenticate=False)
     send_frame(s, FrameType.HELLO, {"protocol": 7, "lease_id": "x"}, [memoryview(b"tok")])
-    assert _read_error_or_eof(s) == ("version", "hello.protocol: client speaks 7, worker speaks 1")
+    assert _read_error_or_eof(s) == ("version", "hello.protocol: client speaks 7, worker speaks 2")
 
 
 def test_batch_before_hello_refused(two_leases, bystanders):
@@ -156,9 +157,9 @@ def test_oversized_hello_refused(two_leases, bystanders):
     "raw, want",
     [
         (b"NOPE" + bytes(16), ("bad_magic", "header.magic: b'NOPE' is not b'GCDP'")),
-        (HEADER.pack(MAGIC, 1, 3, 0, 1 << 30, 0), ("oversized", "header.meta_len: 1073741824 bytes exceeds the limit of 8388608")),
-        (HEADER.pack(MAGIC, 1, 3, 0, 0, 1 << 40), ("oversized", "header.payload_len: 1099511627776 bytes exceeds the limit of 4294967296")),
-        (HEADER.pack(MAGIC, 1, 99, 0, 0, 0), ("frame_type", "header.type: unknown frame type 99")),
+        (HEADER.pack(MAGIC, PROTOCOL_VERSION, 3, 0, 1 << 30, 0), ("oversized", "header.meta_len: 1073741824 bytes exceeds the limit of 8388608")),
+        (HEADER.pack(MAGIC, PROTOCOL_VERSION, 3, 0, 0, 1 << 40), ("oversized", "header.payload_len: 1099511627776 bytes exceeds the limit of 4294967296")),
+        (HEADER.pack(MAGIC, PROTOCOL_VERSION, 99, 0, 0, 0), ("frame_type", "header.type: unknown frame type 99")),
         (pack_header(FrameType.HELLO, 2, 0) + b"{}", ("frame_type", "frame type HELLO not expected after the handshake")),
         (pack_header(FrameType.BATCH, 5, 0) + b"[1,2]", ("bad_meta", "meta: expected a JSON object, got list")),
         (pack_header(FrameType.BATCH, 3, 0) + b"{{{", ("bad_meta", None)),

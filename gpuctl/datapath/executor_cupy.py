@@ -23,6 +23,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 CHUNK_BYTES = 8 << 20
+#: Arrays up to this size answer a GET with one synchronous cudaMemcpy into pinned memory.
+SMALL_DOWNLOAD_BYTES = 1 << 16
 _H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
 MAX_KERNEL_SOURCE_BYTES = 1 << 20
 MAX_KERNEL_CACHE = 64
@@ -144,6 +146,30 @@ class CupyExecutor:
                 if e is not None:
                     e.synchronize()
         return arr
+
+    def download(self, arr: Any) -> Any:
+        """The bytes of `arr` in C order to answer a GET, after the work queued before it.
+
+        Small arrays (<= SMALL_DOWNLOAD_BYTES): one synchronous cudaMemcpy on the legacy default
+        stream (which every op uses) into this thread's pinned buffer; it returns once the copy,
+        and so every earlier op, is done, and raises a pending device error. Larger ones:
+        synchronize, then :meth:`host_chunks`. Raises the device's error (CUDARuntimeError).
+        """
+        cp = self.cupy
+        nbytes = int(arr.nbytes)
+        if nbytes > SMALL_DOWNLOAD_BYTES:
+            self.synchronize()
+            return self.host_chunks(arr)
+        if not nbytes:
+            self.synchronize()
+            return []
+        small = getattr(self._local, "small", None)
+        if small is None:
+            mem = cp.cuda.alloc_pinned_memory(SMALL_DOWNLOAD_BYTES)
+            small = self._local.small = np.frombuffer(mem, np.uint8, SMALL_DOWNLOAD_BYTES)
+        a = arr if arr.flags.c_contiguous else cp.ascontiguousarray(arr)
+        cp.cuda.runtime.memcpy(small.ctypes.data, a.data.ptr, nbytes, _D2H)
+        return [memoryview(small)[:nbytes]]
 
     def host_chunks(self, arr: Any) -> Iterator[memoryview]:
         """The bytes of `arr` in C order, as memoryviews of pinned staging; the copy of chunk i+1

@@ -1,9 +1,13 @@
 """Wire format of the remote-attach data path: frames, limits, value codec, handshake.
 
-A frame is a fixed 20-byte header (``HEADER``, little endian), then ``meta_len`` bytes of UTF-8
-JSON metadata (an object), then ``payload_len`` bytes of raw array data::
+A frame is a fixed 20-byte header (``HEADER``, little endian), then ``meta_len`` bytes of
+metadata, then ``payload_len`` bytes of raw array data::
 
     magic b"GCDP" | version u8 | frame type u8 | flags u16 | meta_len u32 | payload_len u64
+
+Metadata is UTF-8 JSON (an object) on every frame type except the two of the hot path, GET and
+ARRAY (protocol 2), whose metadata is fixed binary (``GET_META``, ``ARRAY_META``): a scalar
+``float(x)`` costs one small frame each way and no JSON.
 
 Nothing is unpickled or evaluated: metadata is JSON decoded into dicts/lists/str/numbers, and the
 values inside op arguments go through :func:`decode_value`, which accepts only a fixed set of
@@ -25,22 +29,42 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-#: Protocol version spoken by this code; the handshake refuses any other.
-PROTOCOL_VERSION = 1
+import numpy as _np
+
+#: Protocol version spoken by this code; the handshake refuses any other. 2: GET/ARRAY frames
+#: with binary metadata (version 1 had only JSON metadata).
+PROTOCOL_VERSION = 2
 
 MAGIC = b"GCDP"
 HEADER = struct.Struct("<4sBBHIQ")
 HEADER_SIZE = HEADER.size  # 20 bytes
 
-#: dtypes that may cross the wire or be named in an op (names as numpy spells them).
-ALLOWED_DTYPES = frozenset(
-    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 "
-    "complex64 complex128".split()
-)
+#: dtypes that may cross the wire or be named in an op (names as numpy spells them). Their order
+#: is the dtype code of ARRAY frames (0 = bool ... 13 = complex128): never reorder.
+WIRE_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+               "float16", "float32", "float64", "complex64", "complex128")
+ALLOWED_DTYPES = frozenset(WIRE_DTYPES)
+DTYPE_CODES = {name: i for i, name in enumerate(WIRE_DTYPES)}
+#: The same codes keyed by (native byte order) numpy dtype objects: a dict hit, no name lookup.
+NP_DTYPE_CODES = {_np.dtype(name): i for i, name in enumerate(WIRE_DTYPES)}
+
+#: GET metadata: the handle (u64). A whole GET frame is ``GET_FRAME`` (header + handle, 28 bytes).
+GET_META = struct.Struct("<Q")
+GET_FRAME = struct.Struct("<4sBBHIQQ")
+#: ARRAY metadata: seq u64 (ops of the connection so far), dtype code u8, ndim u8, then ndim
+#: dims as u64 (``DIMS[ndim]``); the payload is the array's bytes in C order.
+ARRAY_META = struct.Struct("<QBB")
+MAX_NDIM = 32
+DIMS = tuple(struct.Struct("<" + "Q" * n) for n in range(MAX_NDIM + 1))
+#: A whole ARRAY frame head (header then metadata) for each ndim, packed in one call.
+ARRAY_HEADS = tuple(struct.Struct("<4sBBHIQQBB" + "Q" * n) for n in range(MAX_NDIM + 1))
 
 
 class FrameType(enum.IntEnum):
-    """Frame types. Client -> worker: HELLO, BATCH, BYE. Worker -> client: WELCOME, REPLY, ERROR."""
+    """Frame types. Client -> worker: HELLO, BATCH, GET, BYE. Worker -> client: WELCOME, REPLY,
+    ARRAY, ERROR. GET (binary meta: a handle) is a SYNC point that fetches one array; the worker
+    answers ARRAY (binary meta: shape and dtype; payload: the bytes) or, when an op failed since
+    the last synchronization, REPLY with the error."""
 
     HELLO = 1
     WELCOME = 2
@@ -48,6 +72,11 @@ class FrameType(enum.IntEnum):
     REPLY = 4
     ERROR = 5
     BYE = 6
+    GET = 7
+    ARRAY = 8
+
+
+_FRAME_TYPES = {int(t): t for t in FrameType}
 
 
 #: Flag on a BATCH: the client waits for one REPLY (a synchronization point).
@@ -99,7 +128,7 @@ class ConnectionLost(ProtocolError):
         super().__init__(message, code="connection_lost")
 
 
-@dataclass
+@dataclass(slots=True)
 class Header:
     """A decoded frame header (see the module docstring for the layout)."""
 
@@ -122,7 +151,15 @@ def parse_header(buf: bytes | bytearray | memoryview, limits: Limits = DEFAULT_L
     """
     if len(buf) != HEADER_SIZE:
         raise ProtocolError(f"header: {len(buf)} bytes, expected {HEADER_SIZE}", "truncated")
-    magic, version, ftype, flags, meta_len, payload_len = HEADER.unpack(buf)
+    return _parse_header_at(buf, 0, limits)
+
+
+def _parse_header_at(buf: bytes | bytearray | memoryview, offset: int, limits: Limits) -> Header:
+    magic, version, ftype, flags, meta_len, payload_len = HEADER.unpack_from(buf, offset)
+    ft = _FRAME_TYPES.get(ftype)
+    if ft is not None and magic == MAGIC and version == PROTOCOL_VERSION and meta_len <= limits.max_meta_bytes \
+            and payload_len <= limits.max_payload_bytes:
+        return Header(version, ft, flags, meta_len, payload_len)
     if magic != MAGIC:
         raise ProtocolError(f"header.magic: {bytes(magic)!r} is not {MAGIC!r}", "bad_magic")
     if version != PROTOCOL_VERSION:
@@ -130,10 +167,8 @@ def parse_header(buf: bytes | bytearray | memoryview, limits: Limits = DEFAULT_L
             f"header.version: protocol {version} not supported (this side speaks {PROTOCOL_VERSION})",
             "version",
         )
-    try:
-        ft = FrameType(ftype)
-    except ValueError:
-        raise ProtocolError(f"header.type: unknown frame type {ftype}", "frame_type") from None
+    if ft is None:
+        raise ProtocolError(f"header.type: unknown frame type {ftype}", "frame_type")
     if meta_len > limits.max_meta_bytes:
         raise ProtocolError(
             f"header.meta_len: {meta_len} bytes exceeds the limit of {limits.max_meta_bytes}", "oversized"
@@ -158,7 +193,7 @@ def encode_meta(meta: dict[str, Any]) -> bytes:
 def decode_meta(buf: bytes | bytearray | memoryview) -> dict[str, Any]:
     """Parse metadata JSON; it must be an object. Raises ProtocolError("bad_meta") otherwise."""
     try:
-        meta = _DECODER.decode(bytes(buf).decode())
+        meta = _DECODER.decode(str(buf, "utf-8"))
     except (ValueError, RecursionError, UnicodeDecodeError) as e:
         raise ProtocolError(f"meta: not valid JSON ({str(e)[:120]})", "bad_meta") from None
     if not isinstance(meta, dict):
@@ -201,6 +236,147 @@ def recv_meta(sock: socket.socket, hdr: Header) -> dict[str, Any]:
     buf = bytearray(hdr.meta_len)
     recv_exact_into(sock, memoryview(buf), "meta")
     return decode_meta(buf)
+
+
+#: Receive buffer of a FrameReader (bytes): a whole small frame arrives in one recv_into.
+READ_BUFFER_BYTES = 1 << 16
+
+
+class FrameReader:
+    """Reads the frames of one connection through a fixed receive buffer of `buffer_bytes`.
+
+    One ``recv_into`` usually brings a whole small frame (header, metadata and a small payload);
+    bytes past the current frame stay buffered for the next one. Payloads larger than half the
+    buffer bypass it (``recv_into`` straight into the destination, no copy). The buffer is
+    allocated once; nothing a peer sends makes it grow (longer metadata is read into its own
+    buffer, bounded by the header's limits). One reader per connection, used by one thread.
+    Raises ConnectionLost when the peer closes or the socket breaks (``socket.timeout`` too).
+    """
+
+    def __init__(self, sock: socket.socket, buffer_bytes: int = READ_BUFFER_BYTES):
+        self.sock = sock
+        self._buf = bytearray(buffer_bytes)
+        self._view = memoryview(self._buf)
+        self._size = buffer_bytes
+        self._pos = 0
+        self._end = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet consumed."""
+        return self._end - self._pos
+
+    def _fill(self, need: int, what: str) -> None:
+        """Have at least `need` (<= buffer size) bytes buffered from the current position."""
+        have = self._end - self._pos
+        if not have:
+            self._pos = self._end = 0
+        elif self._pos + need > self._size:
+            self._view[:have] = self._view[self._pos:self._end]
+            self._pos, self._end = 0, have
+        while have < need:
+            try:
+                k = self.sock.recv_into(self._view[self._end:])
+            except (ConnectionError, OSError) as e:
+                raise ConnectionLost(f"{what}: connection broken after {have} of {need} bytes ({e})") from None
+            if k == 0:
+                raise ConnectionLost(f"{what}: connection closed after {have} of {need} bytes")
+            self._end += k
+            have += k
+
+    def header(self, limits: Limits = DEFAULT_LIMITS) -> Header:
+        """Read and check the next frame header (see :func:`parse_header` for its errors)."""
+        if self._end - self._pos < HEADER_SIZE:
+            self._fill(HEADER_SIZE, "header")
+        p = self._pos
+        hdr = _parse_header_at(self._buf, p, limits)
+        self._pos = p + HEADER_SIZE
+        return hdr
+
+    def take(self, n: int, what: str = "meta") -> memoryview:
+        """The next `n` (<= buffer size) bytes as a view into the buffer, valid until the next read."""
+        if self._end - self._pos < n:
+            self._fill(n, what)
+        p = self._pos
+        self._pos = p + n
+        return self._view[p:p + n]
+
+    def meta(self, hdr: Header) -> dict[str, Any]:
+        """Read and decode the JSON metadata of the frame whose header was just read."""
+        n = hdr.meta_len
+        if n == 0:
+            return {}
+        if n <= self._size:
+            return decode_meta(self.take(n))
+        buf = bytearray(n)
+        self.read_into(memoryview(buf), "meta")
+        return decode_meta(buf)
+
+    def read_into(self, view: memoryview, what: str = "payload") -> None:
+        """Fill the byte view `view` entirely: buffered bytes first, then from the socket."""
+        n = len(view)
+        k = min(self._end - self._pos, n)
+        if k:
+            view[:k] = self._view[self._pos:self._pos + k]
+            self._pos += k
+        rest = n - k
+        if not rest:
+            return
+        if rest <= self._size >> 1:
+            self._fill(rest, what)
+            view[k:] = self._view[self._pos:self._pos + rest]
+            self._pos += rest
+        else:
+            recv_exact_into(self.sock, view[k:], what)
+
+    def skip(self, n: int, what: str = "payload") -> None:
+        """Read and discard `n` bytes (a payload whose buffer was refused)."""
+        k = min(self._end - self._pos, n)
+        self._pos += k
+        n -= k
+        while n:
+            k = min(n, self._size)
+            self._fill(k, what)
+            self._pos += k
+            n -= k
+
+
+def array_meta(seq: int, dtype_code: int, shape: tuple[int, ...]) -> bytes:
+    """The binary metadata of an ARRAY frame (``ARRAY_META`` then the dims)."""
+    return ARRAY_META.pack(seq, dtype_code, len(shape)) + DIMS[len(shape)].pack(*shape)
+
+
+def parse_array_meta(buf: bytes | bytearray | memoryview, payload_len: int,
+                     limits: Limits = DEFAULT_LIMITS) -> tuple[int, str, tuple[int, ...]]:
+    """Decode and check an ARRAY frame's metadata: (seq, dtype name, shape).
+
+    Raises ProtocolError("bad_meta") naming the field when the length, dtype code, ndim, element
+    count or payload length (must be size x itemsize) is wrong.
+    """
+    n = len(buf)
+    if n < ARRAY_META.size:
+        raise ProtocolError(f"ARRAY meta: {n} bytes, expected at least {ARRAY_META.size}", "bad_meta")
+    seq, code, ndim = ARRAY_META.unpack_from(buf, 0)
+    if code >= len(WIRE_DTYPES):
+        raise ProtocolError(f"ARRAY meta.dtype: unknown dtype code {code}", "bad_meta")
+    if ndim > min(limits.max_ndim, MAX_NDIM) or n != ARRAY_META.size + 8 * ndim:
+        raise ProtocolError(f"ARRAY meta: {n} bytes do not hold {ndim} dims (ndim limit {limits.max_ndim})",
+                            "bad_meta")
+    shape = DIMS[ndim].unpack_from(buf, ARRAY_META.size)
+    size = 1
+    for d in shape:
+        size *= d
+    if size > limits.max_elements:
+        raise ProtocolError(f"ARRAY meta.shape: {size} elements (limit {limits.max_elements})", "oversized")
+    dtype = WIRE_DTYPES[code]
+    if size * _ITEMSIZE[dtype] != payload_len:
+        raise ProtocolError(f"ARRAY: shape {shape} of {dtype} is not header.payload_len {payload_len} bytes",
+                            "bad_meta")
+    return seq, dtype, shape
+
+
+_ITEMSIZE = {"bool": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1, "uint16": 2, "uint32": 4,
+             "uint64": 8, "float16": 2, "float32": 4, "float64": 8, "complex64": 8, "complex128": 16}
 
 
 def drain(sock: socket.socket, nbytes: int, scratch: memoryview | None = None) -> None:

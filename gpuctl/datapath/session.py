@@ -6,7 +6,10 @@ order; an op that fails records the first error since the last synchronization (
 matmul(h3, h9): shapes (3,4) and (5,6) not aligned") and poisons its output handles, and the
 batch goes on. A BATCH flagged SYNC gets one REPLY: the answers of its query ops (get, meta, mem,
 stats, sync) and that first error, which the client raises. Protocol errors (ProtocolError) end
-the connection; op errors never do.
+the connection; op errors never do. A GET frame (protocol 2) is the hot path of ``.get()`` and
+``float(x)``: one handle in binary metadata, answered by one ARRAY frame (binary shape and dtype,
+then the bytes) in one send, or by a REPLY carrying the error when an op failed since the last
+synchronization (the same error a SYNC BATCH would get).
 """
 
 from __future__ import annotations
@@ -22,10 +25,17 @@ from gpuctl.datapath import ops as ops_mod
 from gpuctl.datapath.accounting import LeaseAccounting, QuotaExceeded
 from gpuctl.datapath.protocol import (
     ALLOWED_DTYPES,
+    ARRAY_HEADS,
+    ARRAY_META,
     FLAG_SYNC,
+    GET_META,
     HEADER_SIZE,
+    MAGIC,
+    NP_DTYPE_CODES,
+    PROTOCOL_VERSION,
     ConnectionLost,
     DType,
+    FrameReader,
     FrameType,
     Handle,
     Header,
@@ -33,14 +43,15 @@ from gpuctl.datapath.protocol import (
     ProtocolError,
     decode_value,
     describe_value,
-    drain,
     encode_meta,
     pack_header,
-    recv_exact_into,
-    recv_header,
-    recv_meta,
     send_parts,
 )
+
+ARRAY = int(FrameType.ARRAY)
+#: ARRAY frames up to this many bytes go out as one buffer (header, metadata and data copied
+#: together: one send); larger ones are sent without copying.
+SMALL_SEND_BYTES = 1 << 12
 
 #: Op names answered in the REPLY of a SYNC batch.
 QUERIES = frozenset({"get", "meta", "mem", "stats", "sync"})
@@ -64,14 +75,14 @@ class PayloadReader:
     queued before an upload counts before the upload's quota check). Buffers no op took are
     drained at the end."""
 
-    def __init__(self, sock: socket.socket, descs: list[tuple[str, tuple[int, ...], int]]):
-        self.sock = sock
+    def __init__(self, reader: FrameReader, descs: list[tuple[str, tuple[int, ...], int]]):
+        self.reader = reader
         self.descs = descs
         self.next = 0
 
     def skip_to(self, k: int) -> None:
         while self.next < k:
-            drain(self.sock, self.descs[self.next][2])
+            self.reader.skip(self.descs[self.next][2])
             self.next += 1
 
     def take(self, k: Any, session: "Session", what: str) -> Any:
@@ -88,7 +99,7 @@ class PayloadReader:
 
         def fill(view: memoryview) -> None:
             filled.append(True)
-            recv_exact_into(self.sock, view, "payload")
+            self.reader.read_into(view, "payload")
 
         try:
             session.acct.check(nbytes, what)
@@ -97,7 +108,7 @@ class PayloadReader:
             raise
         except BaseException:
             if not filled:
-                drain(self.sock, nbytes)
+                self.reader.skip(nbytes)
             raise
 
     def finish(self) -> None:
@@ -107,12 +118,14 @@ class PayloadReader:
 class Session:
     """State of one authenticated connection (see the module docstring).
 
-    executor: NumpyExecutor or CupyExecutor. acct: the lease's shared LeaseAccounting.
+    executor: NumpyExecutor or CupyExecutor. acct: the lease's shared LeaseAccounting. reader:
+    the connection's FrameReader (the one the handshake used, so nothing it buffered is lost).
     """
 
     def __init__(self, sock: socket.socket, executor: Any, acct: LeaseAccounting, limits: Limits,
-                 info: dict[str, Any]):
+                 info: dict[str, Any], reader: FrameReader | None = None):
         self.sock = sock
+        self.reader = reader if reader is not None else FrameReader(sock)
         self.executor = executor
         self.xp = executor.xp
         self.acct = acct
@@ -136,18 +149,75 @@ class Session:
 
     # -- serving -------------------------------------------------------------------------------
     def serve(self) -> None:
-        """Serve BATCH frames until BYE or EOF. Raises ProtocolError on a broken frame."""
+        """Serve BATCH and GET frames until BYE or EOF. Raises ProtocolError on a broken frame."""
+        reader, limits = self.reader, self.limits
+        GET, BATCH = FrameType.GET, FrameType.BATCH
         while True:
             try:
-                hdr = recv_header(self.sock, self.limits)
+                hdr = reader.header(limits)
             except ConnectionLost:
                 return
-            if hdr.ftype == FrameType.BYE:
+            ftype = hdr.ftype
+            if ftype is GET:
+                self.run_get(hdr)
+            elif ftype is BATCH:
+                self.run_batch(hdr, reader.meta(hdr))
+            elif ftype is FrameType.BYE:
                 return
-            if hdr.ftype != FrameType.BATCH:
+            else:
                 raise ProtocolError(f"frame type {hdr.ftype.name} not expected after the handshake", "frame_type")
-            meta = recv_meta(self.sock, hdr)
-            self.run_batch(hdr, meta)
+
+    def run_get(self, hdr: Header) -> None:
+        """Answer a GET frame: one ARRAY frame with the array's bytes, or a REPLY with the first
+        error since the last synchronization (also when the handle is unknown or poisoned, or the
+        device reports an error). Raises ProtocolError when the frame's lengths are wrong."""
+        if hdr.meta_len != 8 or hdr.payload_len:
+            raise ProtocolError(f"GET: meta_len must be {GET_META.size} and payload_len 0, got "
+                                f"{hdr.meta_len} and {hdr.payload_len}", "bad_meta")
+        (h,) = GET_META.unpack(self.reader.take(8))
+        self.seq += 1
+        arr = self.handles.get(h)
+        if self.error is None and arr is not None and type(arr) is not Poisoned:
+            code = NP_DTYPE_CODES.get(arr.dtype)
+            if code is not None:
+                try:
+                    chunks = self.executor.download(arr)
+                except Exception as e:  # noqa: BLE001 - an asynchronous device error surfaces here
+                    self.error = {"type": "RemoteError", "message": f"device error at sync: {e}", "op": self.seq}
+                else:
+                    self._send_array(arr, code, chunks)
+                    return
+        queries: list[tuple[str, Any]] = []
+        self._run_op(["get", [], [{"h": h}]], None, queries)  # type: ignore[arg-type]
+        self.acct.add_io(bytes_in=HEADER_SIZE + GET_META.size, ops=1)
+        self._reply(queries)
+
+    def _send_array(self, arr: Any, code: int, chunks: Any) -> None:
+        """One ARRAY frame: header and binary metadata packed in one call; a small array goes in
+        the same send (one buffer), a large one follows chunk by chunk (zero-copy)."""
+        shape = arr.shape
+        ndim = len(shape)
+        nbytes = arr.nbytes
+        meta_len = ARRAY_META.size + 8 * ndim
+        head = ARRAY_HEADS[ndim].pack(MAGIC, PROTOCOL_VERSION, ARRAY, 0, meta_len, nbytes, self.seq, code, ndim,
+                                      *shape)
+        if type(chunks) is list and nbytes <= SMALL_SEND_BYTES:
+            try:
+                self.sock.sendall(head + chunks[0] if chunks else head)
+            except OSError as e:
+                raise ConnectionLost(f"send: connection broken ({e})") from None
+        else:
+            parts: list[memoryview] | None = [memoryview(head)]
+            for chunk in chunks:
+                if parts is not None:
+                    parts.append(chunk)
+                    send_parts(self.sock, parts)
+                    parts = None
+                else:
+                    send_parts(self.sock, [chunk])
+            if parts is not None:
+                send_parts(self.sock, parts)
+        self.acct.add_io(bytes_in=HEADER_SIZE + 8, ops=1, bytes_out=HEADER_SIZE + meta_len + nbytes)
 
     def close(self) -> None:
         """Free every handle of this connection (its memory leaves the lease's accounting)."""
@@ -183,7 +253,7 @@ class Session:
         ops = meta.get("ops", [])
         if not isinstance(ops, list) or len(ops) > self.limits.max_ops:
             raise ProtocolError(f"meta.ops: must be a list of at most {self.limits.max_ops} ops", "bad_meta")
-        reader = PayloadReader(self.sock, self._buffer_descs(meta.get("bufs", []), hdr.payload_len))
+        reader = PayloadReader(self.reader, self._buffer_descs(meta.get("bufs", []), hdr.payload_len))
         queries: list[tuple[str, Any]] = []
         for op in ops:
             self.seq += 1
@@ -212,15 +282,14 @@ class Session:
         """Decode and resolve one argument: a fast path for handles and plain scalars, the full
         checked decoder (protocol.decode_value) for everything else."""
         t = type(v)
-        if t is dict and len(v) == 1 and "h" in v:
-            h = v["h"]
-            if type(h) is not int or h < 0:
-                raise ValueError(f"handle must be a non-negative integer, got {h!r}")
-            arr = self.handles.get(h)
-            if arr is None or type(arr) is Poisoned:
+        if t is dict and len(v) == 1:
+            h = v.get("h")
+            if type(h) is int and h >= 0:
+                arr = self.handles.get(h)
+                if arr is not None and type(arr) is not Poisoned:
+                    return arr
                 return self._resolve(Handle(h))  # raises the right message
-            return arr
-        if t is int or t is float or t is bool or v is None:
+        elif t is int or t is float or t is bool or v is None:
             return v
         return self._resolve(decode_value(v, self.limits, 1))
 
@@ -230,39 +299,45 @@ class Session:
         outs: list = []
         raw_args: Any = []
         try:
-            if type(op) is not list or len(op) not in (3, 4):
+            if type(op) is not list or not 3 <= len(op) <= 4:
                 raise TypeError("an op must be [name, outs, args] or [name, outs, args, kwargs]")
             name, outs, raw_args = op[0], op[1], op[2]
             raw_kwargs = op[3] if len(op) == 4 else None
-            if type(outs) is not list or len(outs) > 8 or not all(type(h) is int and h >= 0 for h in outs):
+            if type(outs) is not list:
+                outs = []
+                raise TypeError("outs must be a list of at most 8 non-negative integer handles")
+            if outs and (len(outs) > 8 or not all(type(h) is int and h >= 0 for h in outs)):
                 outs = []
                 raise TypeError("outs must be a list of at most 8 non-negative integer handles")
             if type(raw_args) is not list or (raw_kwargs is not None and type(raw_kwargs) is not dict):
                 raise TypeError("args must be a list and kwargs an object")
             if len(raw_args) > self.limits.max_seq:
                 raise ValueError(f"{len(raw_args)} arguments (limit {self.limits.max_seq})")
-            what = f"op #{seq} {name}"
             spec = ops_mod.OPS.get(name) if type(name) is str else None
             if spec is not None:
+                arg = self._arg
+                rargs = [arg(a) for a in raw_args]
                 if raw_kwargs:
-                    extra = set(raw_kwargs) - spec.kwargs
-                    if extra:
+                    if not spec.kwargs.issuperset(raw_kwargs):
+                        extra = set(raw_kwargs) - spec.kwargs
                         raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(map(str, extra)))}")
-                    rkwargs = {k: self._arg(v) for k, v in raw_kwargs.items()}
+                    rkwargs = {k: arg(v) for k, v in raw_kwargs.items()}
                 else:
                     rkwargs = {}
-                rargs = [self._arg(a) for a in raw_args]
-                if spec.estimate is not None and outs:
+                if not outs:
+                    spec.fn(self, *rargs, **rkwargs)
+                    return
+                what = f"op #{seq} {name}"
+                if spec.estimate is not None:
                     try:
                         est = spec.estimate(tuple(rargs), rkwargs)
                     except (IndexError, KeyError, AttributeError):
                         est = None
                     if est:
                         self.acct.check(int(est), what)
-                result = spec.fn(self, *rargs, **rkwargs)
-                if outs:
-                    self._store(outs, result, what)
+                self._store(outs, spec.fn(self, *rargs, **rkwargs), what)
                 return
+            what = f"op #{seq} {name}"
             args = decode_value(raw_args, self.limits)
             kwargs = {str(k): decode_value(v, self.limits) for k, v in (raw_kwargs or {}).items()}
             if name == "upload":

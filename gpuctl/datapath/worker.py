@@ -35,13 +35,11 @@ from gpuctl.datapath.protocol import (
     DEFAULT_LIMITS,
     PROTOCOL_VERSION,
     ConnectionLost,
+    FrameReader,
     FrameType,
     Limits,
     ProtocolError,
     check_hello,
-    recv_exact_into,
-    recv_header,
-    recv_meta,
     send_frame,
     tune_socket,
 )
@@ -136,14 +134,14 @@ class Worker:
         self.end("parent_gone")
 
     # -- connections ---------------------------------------------------------------------------
-    def handshake(self, sock: socket.socket) -> None:
+    def handshake(self, sock: socket.socket, reader: FrameReader) -> None:
         sock.settimeout(HANDSHAKE_TIMEOUT_S)
-        hdr = recv_header(sock, PREAUTH_LIMITS)
+        hdr = reader.header(PREAUTH_LIMITS)
         if hdr.ftype != FrameType.HELLO:
             raise ProtocolError(f"expected HELLO, got {hdr.ftype.name}", "handshake")
-        meta = recv_meta(sock, hdr)
+        meta = reader.meta(hdr)
         token = bytearray(hdr.payload_len)
-        recv_exact_into(sock, memoryview(token), "hello token")
+        reader.read_into(memoryview(token), "hello token")
         check_hello(meta, bytes(token), self.lease_id, self.token, hmac.compare_digest)
         if time.time() >= self.expires_at_s:
             raise ProtocolError(f"lease {self.lease_id} has expired", "expired")
@@ -163,9 +161,10 @@ class Worker:
             if self.ssl_ctx is not None:
                 sock.settimeout(HANDSHAKE_TIMEOUT_S)
                 sock = self.ssl_ctx.wrap_socket(sock, server_side=True)
-            self.handshake(sock)
+            reader = FrameReader(sock)
+            self.handshake(sock, reader)
             session = Session(sock, self.executor, self.acct, self.limits,
-                              {"lease_id": self.lease_id, "executor": self.executor.name})
+                              {"lease_id": self.lease_id, "executor": self.executor.name}, reader)
             session.serve()
         except ConnectionLost as e:
             log(f"{peer}: {e}")

@@ -23,16 +23,18 @@ import numpy as np
 
 from gpuctl.datapath.protocol import (
     FLAG_SYNC,
+    GET_FRAME,
     ConnectionLost,
+    MAGIC,
+    PROTOCOL_VERSION,
+    FrameReader,
     FrameType,
     Limits,
     ProtocolError,
     encode_meta,
     hello_meta,
     pack_header,
-    recv_exact_into,
-    recv_header,
-    recv_meta,
+    parse_array_meta,
     send_frame,
     send_parts,
     tune_socket,
@@ -142,10 +144,11 @@ class Connection:
                 sock.close()
                 raise AttachError(f"TLS handshake with {self.endpoint} failed: {e}") from None
         self.sock = sock
+        self._reader = FrameReader(sock)
         try:
             send_frame(sock, FrameType.HELLO, hello_meta(spec.lease_id), [memoryview(spec.token)])
-            hdr = recv_header(sock, Limits(max_meta_bytes=1 << 16, max_payload_bytes=0))
-            meta = recv_meta(sock, hdr)
+            hdr = self._reader.header(Limits(max_meta_bytes=1 << 16, max_payload_bytes=0))
+            meta = self._reader.meta(hdr)
         except (ProtocolError, OSError) as e:
             sock.close()
             raise AttachError(f"handshake with the worker of lease {spec.lease_id} at {self.endpoint} failed: {e}") from None
@@ -223,7 +226,9 @@ class Connection:
             pass
         return WorkerLostError(self.lost)
 
-    def _send_batch(self, sync: bool, query: list | None = None) -> None:
+    def _send_batch(self, sync: bool, query: list | None = None, tail: bytes | None = None) -> None:
+        """Send the queue as one BATCH (with `query` appended; SYNC when `sync`), then `tail` (a
+        whole frame, e.g. a GET) in the same sendmsg."""
         if query is not None:
             self._ops.append(query)
         meta = {"ops": self._ops}
@@ -232,6 +237,8 @@ class Connection:
         meta_b = encode_meta(meta)
         parts = [memoryview(pack_header(FrameType.BATCH, len(meta_b), self._payload_bytes, FLAG_SYNC if sync else 0)),
                  memoryview(meta_b), *self._payload]
+        if tail is not None:
+            parts.append(memoryview(tail))
         self.ops_sent += len(self._ops)
         self._ops, self._bufs, self._payload, self._payload_bytes = [], [], [], 0
         try:
@@ -249,6 +256,32 @@ class Connection:
             if self._ops:
                 self._send_batch(sync=False)
 
+    def get(self, h: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Fetch array `h` to the host: the hot path of ``.get()`` and ``float(x)`` (a
+        synchronization point). Queued ops go first (one non-SYNC BATCH) and a GET frame follows
+        in the same sendmsg; the worker answers one ARRAY frame, received with usually one
+        recv_into (into `out` when it has the right shape/dtype and is C-contiguous). Raises the
+        first error of a queued op (naming it) or WorkerLostError."""
+        with self._lock:
+            if self.lost is not None:
+                raise WorkerLostError(self.lost)
+            if self._pending_free:
+                self._take_frees()
+            frame = GET_FRAME.pack(MAGIC, PROTOCOL_VERSION, FrameType.GET, 0, 8, 0, h)
+            try:
+                if self._ops:
+                    self._send_batch(sync=False, tail=frame)
+                else:
+                    self.sock.sendall(frame)
+            except ProtocolError as e:
+                raise self._lose(e) from None
+            except OSError as e:
+                raise self._lose(ConnectionLost(f"send: connection broken ({e})")) from None
+            self.ops_sent += 1
+            self.syncs += 1
+            self._flush_at = 1
+            return self._read_reply("get", out)
+
     def sync(self, name: str = "sync", args: list | None = None, out: np.ndarray | None = None) -> Any:
         """Send the queue plus one query op (get, meta, mem, stats, sync) flagged SYNC, wait for
         the REPLY and return the query's answer: for ``get``, a NumPy array (received into `out`
@@ -261,28 +294,45 @@ class Connection:
             self._send_batch(sync=True, query=[name, [], args or []])
             self.syncs += 1
             self._flush_at = 1
-            try:
-                hdr = recv_header(self.sock, _REPLY_LIMITS)
-                if hdr.ftype == FrameType.ERROR:
-                    meta = recv_meta(self.sock, hdr)
-                    raise self._lose(f"worker closed the connection: {meta.get('message')}")
-                if hdr.ftype != FrameType.REPLY:
-                    raise ProtocolError(f"expected REPLY, got {hdr.ftype.name}")
-                meta = recv_meta(self.sock, hdr)
-                result = (meta.get("results") or [None])[-1]
-                value: Any = result
-                if name == "get" and result is not None and hdr.payload_len:
-                    shape, dtype = tuple(result["shape"]), np.dtype(result["dtype"])
-                    if out is None or out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
-                        out = np.empty(shape, dtype)
-                    recv_exact_into(self.sock, memoryview(out).cast("B"), "reply payload")
-                    value = out
-                elif name == "get" and result is not None:
-                    value = np.empty(tuple(result["shape"]), np.dtype(result["dtype"]))
-            except WorkerLostError:
-                raise
-            except (ProtocolError, OSError) as e:
-                raise self._lose(e) from None
+            return self._read_reply(name, out)
+
+    def _read_reply(self, name: str, out: np.ndarray | None) -> Any:
+        """Receive the answer to a synchronization point (called with the lock held): an ARRAY
+        frame (the array) or a REPLY (the last query's result, or its error raised)."""
+        reader = self._reader
+        try:
+            hdr = reader.header(_REPLY_LIMITS)
+            ftype = hdr.ftype
+            if ftype is FrameType.ARRAY:
+                _, dtype, shape = parse_array_meta(reader.take(hdr.meta_len), hdr.payload_len, _REPLY_LIMITS)
+                if out is None or out.shape != shape or out.dtype.name != dtype or not out.flags.c_contiguous:
+                    out = np.empty(shape, dtype)
+                if hdr.payload_len:
+                    reader.read_into(memoryview(out).cast("B"), "reply payload")
+                return out
+            if ftype is FrameType.ERROR:
+                meta = reader.meta(hdr)
+                raise self._lose(f"worker closed the connection: {meta.get('message')}")
+            if ftype is not FrameType.REPLY:
+                raise ProtocolError(f"expected REPLY, got {hdr.ftype.name}")
+            meta = reader.meta(hdr)
+            result = (meta.get("results") or [None])[-1]
+            value: Any = result
+            if name == "get" and result is not None and hdr.payload_len:
+                shape, dtype = tuple(result["shape"]), np.dtype(result["dtype"])
+                if out is None or out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+                    out = np.empty(shape, dtype)
+                if out.nbytes != hdr.payload_len:
+                    raise ProtocolError(f"REPLY: shape {shape} of {dtype} is not header.payload_len "
+                                        f"{hdr.payload_len} bytes", "bad_meta")
+                reader.read_into(memoryview(out).cast("B"), "reply payload")
+                value = out
+            elif name == "get" and result is not None:
+                value = np.empty(tuple(result["shape"]), np.dtype(result["dtype"]))
+        except WorkerLostError:
+            raise
+        except (ProtocolError, OSError) as e:
+            raise self._lose(e) from None
         err = meta.get("error")
         if err:
             raise make_error(err)

@@ -210,7 +210,7 @@ class ndarray:
     def get(self, stream: Any = None, order: str = "C", out: np.ndarray | None = None) -> np.ndarray:
         """Copy to the host: a NumPy array (received straight into `out` when it fits). A
         synchronization point: raises the first error of any queued op."""
-        arr = self._conn.sync("get", [self._ref], out=out)
+        arr = self._conn.get(self._h, out=out)
         self._shape, self._dtype = arr.shape, arr.dtype
         if out is not None and arr is not out:
             out[...] = arr
