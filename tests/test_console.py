@@ -21,6 +21,8 @@ from gpuctl.widgets import format as fmt
 from gpuctl.widgets.fleet_rows import _wrap_into
 
 SIZE = (120, 40)
+#: Wide enough for the full layout (every column of the fleet table).
+WIDE = (200, 60)
 
 
 def make_app(source: SimulatedFleetSource, **kw) -> GpuctlApp:
@@ -49,6 +51,11 @@ def cell(app: GpuctlApp, row_key: str, column: str) -> str:
     return str(table(app).get_cell(row_key, column))
 
 
+def styles_of(text) -> str:
+    """Every style of a Rich Text cell (its own and its spans'), as one string."""
+    return " ".join([str(text.style)] + [str(span.style) for span in text.spans])
+
+
 async def type_text(pilot, text: str) -> None:
     for ch in text:
         await pilot.press({" ": "space", "-": "minus", ":": "colon", "/": "slash"}.get(ch, ch))
@@ -68,7 +75,7 @@ def source():
 
 async def test_fleet_lists_every_gpu_row_keyed_by_uuid(source):
     app = make_app(source)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=WIDE) as pilot:
         await settle(app, pilot)
         assert isinstance(app.screen, FleetScreen)
         t = table(app)
@@ -83,7 +90,7 @@ async def test_fleet_lists_every_gpu_row_keyed_by_uuid(source):
 
 async def test_values_update_after_a_poll(source):
     app = make_app(source)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=WIDE) as pilot:
         await settle(app, pilot)
         before = {k.value: [str(c) for c in table(app).get_row(k)] for k in table(app).rows}
         first_snapshot = app.snapshot
@@ -106,7 +113,7 @@ async def test_values_update_after_a_poll(source):
 
 async def test_not_supported_power_shows_na_never_zero(source):
     app = make_app(source)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=WIDE) as pilot:
         await settle(app, pilot)
         gpu = app.snapshot.nodes[0].gpus[-1]
         assert gpu.sample.power_w is None
@@ -118,7 +125,7 @@ async def test_not_supported_power_shows_na_never_zero(source):
 async def test_unreachable_node_shows_reason_in_error_color():
     src = SimulatedFleetSource(unreachable=True)
     app = make_app(src)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=WIDE) as pilot:
         await settle(app, pilot)
         assert table(app).row_count == 24 + 1
         key = "node:node-04"
@@ -126,9 +133,10 @@ async def test_unreachable_node_shows_reason_in_error_color():
         assert row[0] == "node-04"
         assert row[2] == "unreachable"
         reason = app.snapshot.node("node-04").error
-        assert " ".join(x for x in row[3:8] if x) == reason
+        # the reason is word-wrapped from the memory column to the lease-use column
+        assert " ".join(x for x in row[3:9] if x) == reason
         sm = table(app).get_cell(key, "sm")
-        assert app.palette.error in str(sm.style)
+        assert app.palette.error in styles_of(sm)
 
 
 async def test_gpu_error_is_shown_in_its_row(source, monkeypatch):
@@ -141,7 +149,7 @@ async def test_gpu_error_is_shown_in_its_row(source, monkeypatch):
 
     monkeypatch.setattr(source, "snapshot", lost_gpu)
     app = make_app(source)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=WIDE) as pilot:
         await settle(app, pilot)
         uuid = app.snapshot.nodes[1].gpus[2].uuid
         assert cell(app, uuid, "sm") == "error"
@@ -153,7 +161,7 @@ async def test_gpu_error_is_shown_in_its_row(source, monkeypatch):
 
 async def test_slices_and_lease_marker(source):
     app = make_app(source)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=WIDE) as pilot:
         await settle(app, pilot)
         node = app.snapshot.nodes[0]
         leased = next(g for g in node.gpus if any(s.leased for s in g.slices))
@@ -431,6 +439,193 @@ async def test_scale_128_nodes_updates_in_place():
         assert cell(app, gpu.uuid, "node") == "node-128"
 
 
+async def test_unchanged_cells_are_not_rewritten():
+    """Diff-only updates: a poll with the same figures writes no cell and keeps the same objects."""
+    src = SimulatedFleetSource(frozen=True)
+    app = make_app(src)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(app, pilot)
+        t = table(app)
+        uuid = app.snapshot.nodes[0].gpus[1].uuid
+        before = {col: t.get_cell(uuid, col) for col in ("node", "gpu", "sm", "memory", "power", "slices", "state")}
+        real = t._update_count
+        await poll(app, pilot)
+        after = {col: t.get_cell(uuid, col) for col in before}
+        assert all(after[c] is before[c] for c in before), [c for c in before if after[c] is not before[c]]
+        # only the sparklines moved (one more point each): one bulk write of the history column
+        history = [str(t.get_cell(g.uuid, "history")) for n in app.snapshot.nodes for g in n.gpus]
+        assert all(h.strip() and len(h.strip()) == 2 for h in history)
+        assert t._update_count == real + 1
+
+
+@pytest.mark.parametrize(
+    "width, layout, columns",
+    [
+        (200, "full", ["node", "gpu", "sm", "memory", "temperature", "power", "history", "slices", "usage",
+                       "lease", "state", "name"]),
+        (170, "wide", ["node", "gpu", "sm", "memory", "temperature", "power", "history", "slices", "usage",
+                       "lease", "state"]),
+        (120, "medium", ["node", "gpu", "sm", "memory", "temperature", "slices", "usage", "state"]),
+        (80, "narrow", ["node", "gpu", "sm", "memory", "slices", "state"]),
+        (70, "tiny", ["node", "gpu", "sm", "slices", "state"]),
+        (60, "minimal", ["node", "gpu", "sm", "slices"]),
+    ],
+)
+def test_layout_for_width_drops_columns_by_priority(width, layout, columns):
+    from gpuctl.widgets.fleet_rows import layout_for
+
+    chosen = layout_for(width - 1)  # the table leaves one cell to its scrollbar
+    assert chosen.name == layout
+    assert list(chosen.keys) == columns
+    assert chosen.width <= width - 1 or layout == "minimal"
+
+
+async def test_80x24_shows_departments_in_color_and_resize_switches_layout(source):
+    app = make_app(source)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        t = table(app)
+        assert app.screen.table_layout.name == "narrow"
+        assert [str(c.label) for c in t.ordered_columns] == ["node", "#", "SM util", "memory", "slices (● leased)", "state"]
+        assert sum(c.get_render_width(t) for c in t.ordered_columns) <= 79
+        node = app.snapshot.nodes[0]
+        for gpu in node.gpus:
+            text = t.get_cell(gpu.uuid, "slices")
+            first = gpu.slices[0].department
+            assert str(text).startswith(first)
+            assert app.palette.department(first) in styles_of(text)
+        # the slices column is on screen: the first GPU's rendered line holds its whole slices text
+        line = "".join(seg.text for seg in t.render_line(1))
+        assert len(line) == t.size.width <= 80
+        assert str(t.get_cell(node.gpus[0].uuid, "slices")) in line
+        assert "slices (● leased)" in "".join(seg.text for seg in t.render_line(0))
+        cursor = node.gpus[5].uuid
+        t.move_cursor(row=5)
+        await pilot.resize_terminal(200, 60)
+        await pilot.pause()
+        assert app.screen.table_layout.name == "full"
+        assert t.row_count == 32
+        assert str(t.get_cell(cursor, "power")) == fmt.power(app.snapshot.nodes[0].gpus[5].sample.power_w)
+        assert app.screen.cursor_key() == cursor
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert app.screen.table_layout.name == "narrow"
+        assert app.screen.cursor_key() == cursor
+        mem = node.gpus[0].sample
+        assert cell(app, node.gpus[0].uuid, "memory") == fmt.memory_label(mem.memory_used_bytes, mem.memory_total_bytes)
+
+
+def _with_usage(source, usage_by_lease):
+    """Make source.snapshot() report Slice.usage for leased slices (as gpuctld does)."""
+    real = source.snapshot
+
+    def snapshot():
+        snap = real()
+        for n in snap.nodes:
+            for s in n.slices():
+                if s.lease_id is not None:
+                    s.usage = usage_by_lease.get(s.lease_id)
+        return snap
+
+    source.snapshot = snapshot  # type: ignore[method-assign]
+
+
+async def test_lease_usage_shown_for_leased_slices(source):
+    _with_usage(source, {
+        "lease-0001": {"memory_in_use_bytes": 3 * fmt.GIB, "ops_per_s": 1234.0, "bytes_in": 0, "bytes_out": 0},
+        "lease-0002": {"memory_in_use_bytes": None, "ops_per_s": 12.0},
+    })
+    app = make_app(source)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(app, pilot)
+        n1, n2 = app.snapshot.nodes[0], app.snapshot.nodes[1]
+        g1 = next(g for g in n1.gpus if any(s.leased for s in g.slices))
+        assert cell(app, g1.uuid, "usage") == "3.0 GiB 1.2k op/s"
+        assert cell(app, g1.uuid, "lease") == "alice@ws12"
+        g2 = next(g for g in n2.gpus if any(s.leased for s in g.slices))
+        assert cell(app, g2.uuid, "usage") == "N/A 12 op/s"  # memory not reported: N/A, never 0
+        idle = next(g for g in n1.gpus if not any(s.leased for s in g.slices))
+        assert cell(app, idle.uuid, "usage") == ""
+
+
+async def test_lease_without_usage_shows_nothing(source):
+    _with_usage(source, {})
+    app = make_app(source)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(app, pilot)
+        g = next(g for g in app.snapshot.nodes[0].gpus if any(s.leased for s in g.slices))
+        assert cell(app, g.uuid, "usage") == ""
+        assert cell(app, g.uuid, "state") == "busy"
+
+
+def test_lease_usage_sums_and_ignores_bad_figures():
+    from gpuctl.widgets.fleet_rows import lease_usage
+
+    def sl(k, lease, usage):
+        return model.Slice(id=f"GPU-a/{k}", gpu_uuid="GPU-a", fraction=0.25, memory_quota_bytes=1, compute_share=0.25,
+                           department="research", lease_id=lease, usage=usage)
+
+    slices = [
+        sl(0, "l1", {"memory_in_use_bytes": 100, "ops_per_s": 2.5}),
+        sl(1, "l1", {"memory_in_use_bytes": 50, "ops_per_s": float("nan")}),
+        sl(2, "l2", {"memory_in_use_bytes": True, "ops_per_s": -1}),
+        sl(3, None, {"memory_in_use_bytes": 10**12, "ops_per_s": 10**9}),  # idle: not counted
+    ]
+    assert lease_usage(slices) == (150, 2.5)
+    assert lease_usage(slices[2:]) == (None, None)
+    assert lease_usage([]) == (None, None)
+
+
+async def test_fleet_table_fast_cells_render_like_datatable():
+    """FleetTable's own rendering of one-line Text cells gives DataTable's segments."""
+    from rich.segment import Segment
+    from rich.style import Style
+    from rich.text import Text
+    from textual.app import App
+
+    from gpuctl.widgets.fleet_table import FleetTable
+
+    cells = [
+        Text("node-01", style="bold", no_wrap=True, end=""),
+        Text("", end=""),
+        Text.assemble(("██▍  ", "#ff0000"), (" 93%", ""), no_wrap=True, end=""),
+        Text("a cell much longer than its column", style="#00ff00 on #000000", no_wrap=True, end=""),
+        Text("N/A 71°C ½ ●", no_wrap=True, end=""),
+        Text("ellipsis cropped text", overflow="ellipsis", no_wrap=True, end=""),
+    ]
+
+    class TableApp(App[None]):
+        def compose(self):
+            t = FleetTable(zebra_stripes=True, cursor_type="row")
+            for i in range(len(cells)):
+                t.add_column(str(i), width=10, key=str(i))
+            t.add_row(*cells, key="r0")
+            t.add_row(*cells, key="r1")
+            yield t
+
+    app = TableApp()
+    async with app.run_test(size=(100, 10)) as pilot:
+        await pilot.pause()
+        t = app.query_one(FleetTable)
+        compared = 0
+        for row in (0, 1):
+            for col in range(len(cells)):
+                for cursor in (False, True):
+                    for base in (Style(), Style(color="#eeeeee", bgcolor="#123456")):
+                        w = t.ordered_columns[col].get_render_width(t)
+                        ours = [list(Segment.simplify(line)) for line in t._render_cell(row, col, base, w, cursor)]
+                        theirs = [list(Segment.simplify(line)) for line in DataTable._render_cell(t, row, col, base, w, cursor)]
+                        assert ours == theirs, (row, col, cursor, base)
+                        compared += 1
+        assert compared == 48
+        # a whole line: the cached path gives the same strip as a fresh render after a change
+        strip = t.render_line(1)
+        t.update_cell("r0", "0", Text("node-99", end=""))
+        await pilot.pause()
+        assert "node-99" in "".join(seg.text for seg in t.render_line(1))
+        assert strip is not None
+
+
 # -- sizes (case tui-01) ------------------------------------------------------------------------
 
 
@@ -575,6 +770,9 @@ def test_format_units_and_na():
     assert fmt.bar(0.5, 1) == "▌"
     assert fmt.department_shares([("a", 0.25), ("a", 0.25), ("b", 0.5)]) == [("a", "¼×2"), ("b", "½")]
     assert fmt.department_shares([("a", 0.5), ("a", 0.25)]) == [("a", "¾")]
+    assert [fmt.ops_rate(v) for v in (None, 0, 850, 999.6, 1234, 9960, 12345, 999_999, 3.4e6)] == [
+        "N/A", "0 op/s", "850 op/s", "1.0k op/s", "1.2k op/s", "10k op/s", "12k op/s", "1.0M op/s", "3.4M op/s"
+    ]
 
 
 def test_wrap_reason_across_columns():

@@ -17,8 +17,28 @@ THEMES = ["gpuctl-dark", "gpuctl-light", "high-contrast"]
 SIZE = (120, 40)
 
 
+#: Lease usage the frozen fleet reports for its leased slices (gpuctld's lease workers report
+#: these per slice; the simulated source has none).
+LEASE_USAGE = {
+    "lease-0001": {"memory_in_use_bytes": 3 * 1024**3 + 400 * 1024**2, "ops_per_s": 1234.0, "bytes_in": 0, "bytes_out": 0},
+    "lease-0002": {"memory_in_use_bytes": 12 * 1024**3, "ops_per_s": 56.0, "bytes_in": 0, "bytes_out": 0},
+}
+
+
+class UsageSource(SimulatedFleetSource):
+    """The frozen simulated fleet, with LEASE_USAGE on its leased slices."""
+
+    def snapshot(self):
+        snap = super().snapshot()
+        for node in snap.nodes:
+            for s in node.slices():
+                if s.lease_id is not None:
+                    s.usage = LEASE_USAGE.get(s.lease_id)
+        return snap
+
+
 def frozen_app(theme: str):
-    source = SimulatedFleetSource(nodes=4, gpus_per_node=8, seed=0, frozen=True, unreachable=True)
+    source = UsageSource(nodes=4, gpus_per_node=8, seed=0, frozen=True, unreachable=True)
     return build_app(source, theme=theme, refresh_s=3600.0, theme_dirs=[REPO_THEMES_DIR])
 
 
@@ -47,6 +67,10 @@ def test_node_detail(snap_compare, theme):
 
 def test_fleet_screen_80x24(snap_compare):
     assert snap_compare(frozen_app("gpuctl-dark"), terminal_size=(80, 24), run_before=_settle)
+
+
+def test_fleet_screen_200x60(snap_compare):
+    assert snap_compare(frozen_app("gpuctl-dark"), terminal_size=(200, 60), run_before=_settle)
 
 
 def test_too_small(snap_compare):

@@ -2,49 +2,62 @@
 
 Rows are keyed by GPU UUID ("node:<name>" for an unreachable node). Each poll is diffed against
 the rows on screen inside app.batch_update(): when the set and order of rows is the same only the
-cells whose text changed are updated (fixed column widths, never update_width=True); when it
-differs (filter, node up/down) the table is rebuilt, keeping the cursor on the same GPU.
+cells that changed are written (cells are interned by gpuctl.widgets.fleet_rows, so a changed
+cell is a different object: the diff is by identity) and the table (a FleetTable: it re-renders
+only changed cells) is refreshed once; when the set differs (filter, node up/down) the table is
+rebuilt, keeping the cursor on the same GPU. Column widths are fixed per layout (never
+update_width=True); the layout (gpuctl.widgets.fleet_rows.LAYOUTS) is the widest that fits the
+terminal, and a resize that changes it rebuilds the columns.
 `/` filters rows by node, department, GPU name, state, lease owner or UUID (case-insensitive
 substring); Escape clears the filter. Enter on a row opens the node's detail.
 """
 
 from __future__ import annotations
 
-from textual import on
+from itertools import compress
+from operator import is_not
+
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Input, Static
-from textual.widgets.data_table import ColumnKey, RowKey
+from textual.widgets.data_table import ColumnKey
 from rich.text import Text
 
 from gpuctl import model
 from gpuctl.screens.base import GpuctlScreen
-from gpuctl.widgets.fleet_rows import COLUMN_KEYS, COLUMNS, FleetRow, filter_rows
+from gpuctl.widgets.fleet_rows import FleetRow, Layout, filter_rows, layout_cells, layout_for
+from gpuctl.widgets.fleet_table import FleetTable
+
+#: Cells of the terminal width the table cannot use (its vertical scrollbar).
+SCROLLBAR_CELLS = 1
 
 
-#: Above this many changed cells in one poll, cells are stored in one pass and the table is
-#: refreshed once (see set_cells).
-BULK_UPDATE_CELLS = 64
+def set_cells(table: DataTable, changes: list[tuple[str, list[tuple[str, Text]]]]) -> None:
+    """Write changed cells, grouped by row: [(row key, [(column key, value), ...]), ...], into
+    `table`, never resizing columns, then refresh the table once.
 
-
-def set_cells(table: DataTable, changes: list[tuple[str, str, Text]]) -> None:
-    """Write changed cells (row key, column key, value) into `table`, never resizing columns.
-
-    DataTable.update_cell refreshes the widget on every call; measured here at 1024 GPUs that was
-    ~10k calls and ~0.5 s of UI-thread time per 3 polls. Above BULK_UPDATE_CELLS changes the
-    values are stored in the table's cell store directly and the table refreshed once (what
-    update_cell does, minus the per-call refresh); if that store is not there (another Textual
-    version) update_cell is used for each.
+    DataTable.update_cell refreshes the widget on every call; measured at 1024 GPUs that was
+    ~10k calls and ~0.5 s of UI-thread time per 3 polls. The values are stored in the table's
+    cell store directly and the table refreshed once (what update_cell does, minus the per-call
+    refresh and width checks); if that store is not there (another Textual version) update_cell
+    is used for each.
     """
-    data = getattr(table, "_data", None)
-    if len(changes) > BULK_UPDATE_CELLS and isinstance(data, dict) and hasattr(table, "_update_count"):
-        for row_key, col_key, value in changes:
-            data[RowKey(row_key)][ColumnKey(col_key)] = value
-        table._update_count += 1
-        table.refresh()
+    if not changes:
         return
-    for row_key, col_key, value in changes:
-        table.update_cell(row_key, col_key, value)
+    data = getattr(table, "_data", None)
+    if not isinstance(data, dict) or not hasattr(table, "_update_count"):
+        for row_key, cells in changes:
+            for col_key, value in cells:
+                table.update_cell(row_key, col_key, value)
+        return
+    column_keys = {key.value: key for key in table.columns}
+    for row_key, cells in changes:
+        row = data[row_key]
+        for col_key, value in cells:
+            row[column_keys.get(col_key) or ColumnKey(col_key)] = value
+    table._update_count += 1
+    table.refresh()
 
 
 class FleetScreen(GpuctlScreen):
@@ -61,17 +74,16 @@ class FleetScreen(GpuctlScreen):
     def __init__(self) -> None:
         super().__init__(id="fleet")
         self.filter_text = ""
+        self.table_layout: Layout | None = None
+        self._cursor_after_rebuild: str | None = None  # kept across a layout change
         self._keys: list[str] = []
-        self._cells: dict[str, tuple] = {}
+        self._cells: dict[str, tuple[Text, ...]] = {}
         self._rows: dict[str, FleetRow] = {}
 
     def compose_body(self) -> ComposeResult:
-        table: DataTable = DataTable(
+        yield FleetTable(
             id="fleet-table", cursor_type="row", zebra_stripes=True, cursor_foreground_priority="renderable"
         )
-        for key, label, width in COLUMNS:
-            table.add_column(label, width=width, key=key)
-        yield table
         yield Static("", id="fleet-empty")
         yield Input(placeholder="filter: node, department, GPU, state…", id="filter")
 
@@ -81,7 +93,28 @@ class FleetScreen(GpuctlScreen):
 
     def on_mount(self) -> None:
         self.query_one("#filter", Input).cursor_blink = False
+        self._set_layout(layout_for(self.app.size.width - SCROLLBAR_CELLS))
         self.table.focus()
+
+    def on_resize(self, event: events.Resize) -> None:
+        layout = layout_for(event.size.width - SCROLLBAR_CELLS)
+        if layout is not self.table_layout:
+            self._set_layout(layout)
+            snapshot = self.app.snapshot
+            if snapshot is not None and self.app.palette is not None:
+                self.show_snapshot(snapshot)
+
+    def _set_layout(self, layout: Layout) -> None:
+        """Replace the table's columns by `layout`'s (rows are re-added by the next show)."""
+        table = self.table
+        if table.row_count:
+            self._cursor_after_rebuild = self.cursor_key()
+        table.clear(columns=True)
+        for column in layout.columns:
+            table.add_column(column.label, width=column.width, key=column.key)
+        self.table_layout = layout
+        self._keys = []
+        self._cells = {}
 
     # -- rendering ------------------------------------------------------------------------------
 
@@ -90,22 +123,27 @@ class FleetScreen(GpuctlScreen):
 
     def show_snapshot(self, snapshot: model.FleetSnapshot) -> None:
         app = self.app
+        layout = self.table_layout
+        if layout is None:
+            return
         rows = filter_rows(app.rows_for(snapshot), self.filter_text, app.palette)
         keys = [r.key for r in rows]
         table = self.table
         with app.batch_update():
             if keys != self._keys:
-                self._rebuild(table, rows)
+                self._rebuild(table, rows, layout)
             else:
+                column_keys = layout.keys
                 changes = []
+                old_cells = self._cells
                 for row in rows:
-                    old = self._cells[row.key]
-                    if old is row.cells:
-                        continue
-                    for col, new, prev in zip(COLUMN_KEYS, row.cells, old):
-                        if new != prev:
-                            changes.append((row.key, col, new))
-                    self._cells[row.key] = row.cells
+                    new = layout_cells(row, layout)
+                    # cells are interned: a changed cell is another object (C-level loop: this
+                    # runs for every row of every poll)
+                    flags = list(map(is_not, new, old_cells[row.key]))
+                    if any(flags):
+                        changes.append((row.key, list(compress(zip(column_keys, new), flags))))
+                        old_cells[row.key] = new
                 set_cells(table, changes)
             self._rows = {r.key: r for r in rows}
             empty = self.query_one("#fleet-empty", Static)
@@ -117,13 +155,16 @@ class FleetScreen(GpuctlScreen):
                 )
             empty.display = not rows
 
-    def _rebuild(self, table: DataTable, rows: list[FleetRow]) -> None:
-        cursor_key = self.cursor_key()
+    def _rebuild(self, table: DataTable, rows: list[FleetRow], layout: Layout) -> None:
+        cursor_key = self._cursor_after_rebuild or self.cursor_key()
+        self._cursor_after_rebuild = None
         table.clear(columns=False)
+        self._cells = {}
         for row in rows:
-            table.add_row(*row.cells, key=row.key)
+            cells = layout_cells(row, layout)
+            table.add_row(*cells, key=row.key)
+            self._cells[row.key] = cells
         self._keys = [r.key for r in rows]
-        self._cells = {r.key: r.cells for r in rows}
         if cursor_key in self._cells:
             table.move_cursor(row=self._keys.index(cursor_key), animate=False)
 

@@ -1,14 +1,28 @@
-"""Rows of the fleet table: one per GPU (key = GPU UUID), one per unreachable node.
+"""Rows and column layouts of the fleet table: one row per GPU (key = GPU UUID), one per
+unreachable node.
 
 Builds Rich Text cells from a FleetSnapshot, the console's per-GPU SM utilization history and a
 Palette. Pure functions of their inputs (no widgets), so the fleet screen can diff a new row
 against the last one cell by cell and tests can check cells without a terminal.
+
+Cells are interned: two cells with the same text and styles are the same Text object (a bounded
+memo, see :func:`styled`), so the fleet screen finds changed cells by identity (`is not`) and the
+table re-renders only those. Cells are shared: never mutate one.
+
+Layouts: the table has fixed column widths per layout (never resized by its cells); the fleet
+screen picks the widest layout of LAYOUTS that fits the terminal (:func:`layout_for`). Narrower
+layouts drop columns by priority (the sparkline and power first, then the GPU name, lease owner,
+temperature, lease usage, memory) and use compact forms of the SM and memory cells; node, GPU
+index, SM utilization and the owning departments (in their colors) are in every layout.
 """
 
 from __future__ import annotations
 
+import operator
+import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 from rich.text import Text
 
@@ -16,41 +30,167 @@ from gpuctl import model
 from gpuctl.widgets import format as fmt
 from gpuctl.widgets.palette import Palette
 
-#: (column key, header label, width in cells), in display order. Widths are fixed: cells never
-#: resize the table (see STYLE.md, "Live tables").
-COLUMNS: tuple[tuple[str, str, int], ...] = (
-    ("node", "node", 8),
-    ("gpu", "#", 2),
-    ("sm", "SM util", 15),
-    ("memory", "memory", 22),
-    ("temperature", "temp", 5),
-    ("power", "power", 6),
-    ("history", "SM recent", 16),
-    ("slices", "slices (● leased)", 28),
-    ("lease", "lease", 12),
-    ("state", "state", 11),
-    ("name", "GPU", 16),
-)
-COLUMN_KEYS = tuple(key for key, _, _ in COLUMNS)
-_WIDTH = {key: width for key, _, width in COLUMNS}
 SM_BAR_CELLS = 10
+SM_BAR_CELLS_COMPACT = 5
 MEMORY_BAR_CELLS = 8
-#: Columns that carry an error message across them (word-wrapped column to column).
-_MESSAGE_COLUMNS = ("memory", "temperature", "power", "history")
 #: Prefix dropped from GPU names in the table ("NVIDIA H100 80GB HBM3" -> "H100 80GB HBM3").
 _NAME_PREFIX = "NVIDIA "
+#: Cell padding DataTable puts on each side of a cell (cells).
+CELL_PADDING = 1
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a layout: key (the DataTable column key, the same in every layout), header
+    label, width in cells (fixed), and `cell`: which of a row's cells it shows (a compact form of
+    the same figure in narrow layouts, e.g. "sm_compact" under the key "sm")."""
+
+    key: str
+    label: str
+    width: int
+    cell: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A set of columns for one range of terminal widths; `width` is what the table needs
+    (column widths plus DataTable's padding of CELL_PADDING on each side of every cell)."""
+
+    name: str
+    columns: tuple[Column, ...]
+
+    @property
+    def width(self) -> int:
+        return sum(c.width + 2 * CELL_PADDING for c in self.columns)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(c.key for c in self.columns)
+
+    @cached_property
+    def cells_of(self) -> operator.itemgetter:
+        """cells mapping -> tuple of this layout's cells (C-speed: the fleet screen calls it
+        for every row of every poll)."""
+        return operator.itemgetter(*(c.cell for c in self.columns))
+
+
+_NODE = Column("node", "node", 8, "node")
+_GPU = Column("gpu", "#", 2, "gpu")
+_SM = Column("sm", "SM util", 15, "sm")
+_SM_COMPACT = Column("sm", "SM util", 11, "sm_compact")
+_MEMORY = Column("memory", "memory", 22, "memory")
+_MEMORY_COMPACT = Column("memory", "memory", 13, "memory_compact")
+_TEMPERATURE = Column("temperature", "temp", 5, "temperature")
+_POWER = Column("power", "power", 6, "power")
+_HISTORY = Column("history", "SM recent", 16, "history")
+_SLICES = Column("slices", "slices (● leased)", 28, "slices")
+_SLICES_NARROW = Column("slices", "slices (● leased)", 24, "slices")
+_USAGE = Column("usage", "lease use", 17, "usage")
+_LEASE = Column("lease", "lease", 12, "lease")
+_STATE = Column("state", "state", 9, "state")
+_NAME = Column("name", "GPU", 16, "name")
+
+#: Widest first; the fleet screen uses the first that fits (the last one always).
+LAYOUTS: tuple[Layout, ...] = (
+    Layout("full", (_NODE, _GPU, _SM, _MEMORY, _TEMPERATURE, _POWER, _HISTORY, _SLICES, _USAGE, _LEASE, _STATE, _NAME)),
+    Layout("wide", (_NODE, _GPU, _SM, _MEMORY, _TEMPERATURE, _POWER, _HISTORY, _SLICES, _USAGE, _LEASE, _STATE)),
+    Layout("medium", (_NODE, _GPU, _SM_COMPACT, _MEMORY, _TEMPERATURE, _SLICES, _USAGE, _STATE)),
+    Layout("narrow", (_NODE, _GPU, _SM_COMPACT, _MEMORY_COMPACT, _SLICES_NARROW, _STATE)),
+    Layout("tiny", (_NODE, _GPU, _SM_COMPACT, _SLICES_NARROW, _STATE)),
+    Layout("minimal", (_NODE, _GPU, _SM_COMPACT, _SLICES_NARROW)),
+)
+#: The full layout's columns (every column key), in display order.
+COLUMNS: tuple[Column, ...] = LAYOUTS[0].columns
+COLUMN_KEYS = tuple(c.key for c in COLUMNS)
+
+#: Every cell name a row carries (FleetRow.cells has all of them).
+CELL_NAMES = tuple(dict.fromkeys(c.cell for layout in LAYOUTS for c in layout.columns))
+
+#: Columns a GPU error message is word-wrapped across (those of them the layout shows).
+_GPU_MESSAGE_COLUMNS = ("memory", "temperature", "power", "history")
+#: ... and an unreachable node's reason.
+_NODE_MESSAGE_COLUMNS = ("memory", "temperature", "power", "history", "slices", "usage")
+
+
+def layout_for(width: int) -> Layout:
+    """The widest layout of LAYOUTS whose width fits in `width` cells (the last one when none)."""
+    for layout in LAYOUTS:
+        if layout.width <= width:
+            return layout
+    return LAYOUTS[-1]
+
+
+# -- interned cells ---------------------------------------------------------------------------
+
+#: Bound on the memo of interned cells (cleared when reached: only costs re-building them).
+MEMO_LIMIT = 50_000
+_memo: dict[tuple, Text] = {}
+_memo_lock = threading.Lock()
+
+
+def styled(*parts: tuple[str, str], ellipsis: bool = False) -> Text:
+    """A one-line cell made of (text, style) parts, interned: the same parts give the same Text
+    object (callers must not mutate it). ellipsis: a cell too long for its column ends in "…"
+    (else it is cropped). Thread-safe."""
+    key = ("ellipsis", parts) if ellipsis else parts
+    cell = _memo.get(key)
+    if cell is not None:
+        return cell
+    cell = Text(no_wrap=True, end="", overflow="ellipsis" if ellipsis else None)
+    for text, style in parts:
+        cell.append(text, style=style or None)
+    with _memo_lock:
+        if len(_memo) >= MEMO_LIMIT:
+            _memo.clear()
+        return _memo.setdefault(key, cell)
+
+
+#: The empty cell.
+BLANK = styled()
+
+
+def _all_cells(cells: dict[str, Text]) -> dict[str, Text]:
+    """`cells` with BLANK for every cell name it lacks."""
+    for name in CELL_NAMES:
+        cells.setdefault(name, BLANK)
+    return cells
 
 
 @dataclass(frozen=True)
 class FleetRow:
     """One row of the fleet table: key (GPU UUID, or "node:<name>" for an unreachable node),
-    node name, cells in COLUMN_KEYS order, and the lower-case text the `/` filter searches (node,
-    GPU name, state, departments, lease owners, UUID)."""
+    node name, cells by cell name (every Column.cell of every layout), and the lower-case text
+    the `/` filter searches (node, GPU name, state, departments, lease owners, UUID).
+
+    message: an error (GPU lost, node unreachable) written word-wrapped across the layout's
+    `message_columns` in `message_style`, instead of those columns' cells; None otherwise.
+    """
 
     key: str
     node: str
-    cells: tuple[Text, ...]
+    cells: Mapping[str, Text]
     search_text: str
+    message: str | None = None
+    message_columns: tuple[str, ...] = ()
+    message_style: str = ""
+    _wrapped: dict = field(default_factory=dict, compare=False, repr=False)
+
+
+def layout_cells(row: FleetRow, layout: Layout) -> tuple[Text, ...]:
+    """The cells of `row` for the columns of `layout`, in order (interned Texts)."""
+    cells = row.cells
+    if row.message is None:
+        return layout.cells_of(cells)
+    wrapped = row._wrapped.get(layout.name)
+    if wrapped is None:
+        cols = [c for c in layout.columns if c.key in row.message_columns]
+        parts = dict(zip((c.key for c in cols), wrap_into(row.message, [c.width for c in cols])))
+        wrapped = tuple(
+            styled((parts[c.key], row.message_style)) if c.key in parts else cells.get(c.cell, BLANK)
+            for c in layout.columns
+        )
+        row._wrapped[layout.name] = wrapped
+    return wrapped
 
 
 def gpu_state(gpu: model.GpuStatus) -> str:
@@ -67,7 +207,7 @@ def gpu_state(gpu: model.GpuStatus) -> str:
     return "idle"
 
 
-def _wrap_into(message: str, widths: Sequence[int]) -> list[str]:
+def wrap_into(message: str, widths: Sequence[int]) -> list[str]:
     """Word-wrap `message` greedily into consecutive cells of `widths`. A word too long for an
     empty cell leaves that cell blank and moves on (split only in the last cell); the last cell
     gets the rest (cropped by the table)."""
@@ -89,35 +229,66 @@ def _wrap_into(message: str, widths: Sequence[int]) -> list[str]:
     return out
 
 
+_wrap_into = wrap_into  # the name the tests knew
+
+
 def _bar_cell(pct: float | None, label: str, cells: int, palette: Palette) -> Text:
-    color = palette.util(pct)
-    text = Text(no_wrap=True, end="")
     if pct is None:
-        text.append("·" * cells, style=palette.muted)
+        bar = ("·" * cells, palette.muted)
     else:
-        text.append(fmt.bar(pct / 100.0, cells), style=color)
-    text.append(" ")
-    text.append(label, style=palette.muted if label.startswith(fmt.NA) else "")
-    return text
+        bar = (fmt.bar(pct / 100.0, cells), palette.util(pct))
+    return styled(bar, (" ", ""), (label, palette.muted if label.startswith(fmt.NA) else ""))
 
 
 def _plain(value: str, palette: Palette, style: str = "") -> Text:
-    return Text(value, style=palette.muted if value == fmt.NA else style, no_wrap=True, end="")
+    return styled((value, palette.muted if value == fmt.NA else style))
 
 
 def slices_cell(slices: Sequence[model.Slice], palette: Palette) -> Text:
     """Departments owning the GPU's slices in their colors, e.g. "research ½● · training ¼×2";
-    ● (slice-busy color) after a department that has a leased slice here."""
-    text = Text(no_wrap=True, end="")
+    ● (slice-busy color) after a department that has a leased slice here. Interned (shared)."""
+    parts: list[tuple[str, str]] = []
     shares = fmt.department_shares((s.department, s.fraction) for s in slices)
     leased = {s.department for s in slices if s.leased}
     for i, (dept, label) in enumerate(shares):
         if i:
-            text.append(" · ", style=palette.muted)
-        text.append(f"{dept} {label}", style=palette.department(dept))
+            parts.append((" · ", palette.muted))
+        parts.append((f"{dept} {label}", palette.department(dept)))
         if dept in leased:
-            text.append("●", style=palette.get("slice-busy"))
-    return text
+            parts.append(("●", palette.get("slice-busy")))
+    return styled(*parts, ellipsis=True)
+
+
+def lease_usage(slices: Sequence[model.Slice]) -> tuple[int | None, float | None]:
+    """(memory in use in bytes, ops/s) of the leases on `slices`: the sums over the leased slices
+    whose Slice.usage reports that figure (the daemon's lease worker stats); None for a figure no
+    leased slice reports (never a made-up zero)."""
+    memory: int | None = None
+    ops: float | None = None
+    for s in slices:
+        if not s.leased or not s.usage:
+            continue
+        m = s.usage.get("memory_in_use_bytes")
+        if isinstance(m, int) and not isinstance(m, bool) and m >= 0:
+            memory = (memory or 0) + m
+        o = s.usage.get("ops_per_s")
+        if isinstance(o, (int, float)) and not isinstance(o, bool) and o >= 0 and o == o:
+            ops = (ops or 0.0) + float(o)
+    return memory, ops
+
+
+def usage_cell(slices: Sequence[model.Slice], palette: Palette) -> Text:
+    """"3.1 GiB 1.2k op/s" for a GPU with leased slices whose usage the daemon reports (a missing
+    figure is N/A); empty when no leased slice here reports usage."""
+    if not any(s.leased and s.usage for s in slices):
+        return BLANK
+    memory, ops = lease_usage(slices)
+    busy = palette.get("slice-busy")
+    return styled(
+        (fmt.human_bytes(memory), busy if memory is not None else palette.muted),
+        (" ", ""),
+        (fmt.ops_rate(ops), busy if ops is not None else palette.muted),
+    )
 
 
 def gpu_row(
@@ -131,39 +302,40 @@ def gpu_row(
     """The row of one GPU; `sm_history` is the SM utilization (%) the console saw, oldest first."""
     s = gpu.sample
     state = gpu_state(gpu)
-    node_cell = Text(node.name, style="bold" if first_of_node else palette.muted, no_wrap=True, end="")
-    name = gpu.identity.name.removeprefix(_NAME_PREFIX)
-    cells: dict[str, Text] = {
-        "node": node_cell,
-        "gpu": Text(str(gpu.identity.index), no_wrap=True, end=""),
-        "slices": slices_cell(gpu.slices, palette),
-        "name": Text(name, no_wrap=True, end=""),
-    }
-    leases = [lease for lease in node.leases if any(sid in lease.slice_ids for sid in (x.id for x in gpu.slices))]
+    slice_ids = {x.id for x in gpu.slices}
+    leases = [lease for lease in node.leases if any(sid in slice_ids for sid in lease.slice_ids)]
     owners = sorted({lease.owner for lease in leases})
     lease_text = owners[0] + (f" +{len(owners) - 1}" if len(owners) > 1 else "") if owners else ""
-    cells["lease"] = Text(lease_text, style=palette.get("slice-busy"), no_wrap=True, end="")
     state_style = {"error": palette.error, "busy": palette.get("slice-busy"), "draining": palette.warning}
-    cells["state"] = Text(state, style=state_style.get(state, palette.get("slice-idle")), no_wrap=True, end="")
+    cells: dict[str, Text] = {
+        "node": styled((node.name, "bold" if first_of_node else palette.muted)),
+        "gpu": styled((str(gpu.identity.index), "")),
+        "slices": slices_cell(gpu.slices, palette),
+        "usage": usage_cell(gpu.slices, palette),
+        "name": styled((gpu.identity.name.removeprefix(_NAME_PREFIX), "")),
+        "lease": styled((lease_text, palette.get("slice-busy"))),
+        "state": styled((state, state_style.get(state, palette.get("slice-idle")))),
+    }
+    message = None
     if s is not None and s.error:
-        cells["sm"] = Text("error", style=f"bold {palette.error}", no_wrap=True, end="")
-        widths = [_WIDTH[c] for c in _MESSAGE_COLUMNS]
-        for col, part in zip(_MESSAGE_COLUMNS, _wrap_into(s.error, widths)):
-            cells[col] = Text(part, style=palette.error, no_wrap=True, end="")
+        error_cell = styled(("error", f"bold {palette.error}"))
+        cells["sm"] = cells["sm_compact"] = error_cell
+        message = s.error
     else:
         sm = s.sm_util_pct if s is not None else None
-        cells["sm"] = _bar_cell(sm, fmt.percent(sm).rjust(4), SM_BAR_CELLS, palette)
+        label = fmt.percent(sm).rjust(4)
+        cells["sm"] = _bar_cell(sm, label, SM_BAR_CELLS, palette)
+        cells["sm_compact"] = _bar_cell(sm, label, SM_BAR_CELLS_COMPACT, palette)
         used = s.memory_used_bytes if s is not None else None
         total = (s.memory_total_bytes if s is not None else None) or gpu.identity.memory_total_bytes
         mem_pct = used / total * 100.0 if used is not None and total else None
-        cells["memory"] = _bar_cell(mem_pct, fmt.memory_label(used, total), MEMORY_BAR_CELLS, palette)
+        mem_label = fmt.memory_label(used, total)
+        cells["memory"] = _bar_cell(mem_pct, mem_label, MEMORY_BAR_CELLS, palette)
+        cells["memory_compact"] = _plain(mem_label, palette, palette.util(mem_pct) if mem_pct is not None else "")
         cells["temperature"] = _plain(fmt.temperature(s.temperature_c if s else None), palette)
         cells["power"] = _plain(fmt.power(s.power_w if s else None), palette)
         cells["history"] = Text(
-            fmt.sparkline(sm_history, _WIDTH["history"]),
-            style=palette.get("gpu-sparkline"),
-            no_wrap=True,
-            end="",
+            fmt.sparkline(sm_history, _HISTORY.width), style=palette.get("gpu-sparkline"), no_wrap=True, end=""
         )
     search = " ".join(
         [node.name, gpu.identity.name, state, gpu.identity.uuid, *(x.department for x in gpu.slices), *owners]
@@ -171,30 +343,36 @@ def gpu_row(
     return FleetRow(
         key=gpu.identity.uuid,
         node=node.name,
-        cells=tuple(cells.get(k, Text("", end="")) for k in COLUMN_KEYS),
+        cells=_all_cells(cells),
         search_text=search,
+        message=message,
+        message_columns=_GPU_MESSAGE_COLUMNS if message else (),
+        message_style=palette.error,
     )
 
 
 def unreachable_row(node: model.NodeStatus, palette: Palette) -> FleetRow:
-    """The one row of a node that did not answer: "unreachable" and the reason, in the error
-    color, the reason word-wrapped across the columns from memory to slices."""
+    """The one row of a node that did not answer: "unreachable" (or "node error" when the daemon
+    answered with an error, e.g. NVML did not start) and the reason, in the error color, the
+    reason word-wrapped across the columns from memory to lease use; state "down" (or "error")."""
     reason = node.error or "no answer"
     label = "unreachable" if node.error_code in (None, "unreachable") else "node error"
+    sm = styled((label, f"bold {palette.error}"))
     cells: dict[str, Text] = {
-        "node": Text(node.name, style="bold", no_wrap=True, end=""),
-        "gpu": Text("—", style=palette.muted, no_wrap=True, end=""),
-        "sm": Text(label, style=f"bold {palette.error}", no_wrap=True, end=""),
-        "state": Text(label, style=palette.error, no_wrap=True, end=""),
+        "node": styled((node.name, "bold")),
+        "gpu": styled(("—", palette.muted)),
+        "sm": sm,
+        "sm_compact": sm,
+        "state": styled(("down" if label == "unreachable" else "error", palette.error)),
     }
-    cols = (*_MESSAGE_COLUMNS, "slices")
-    for col, part in zip(cols, _wrap_into(reason, [_WIDTH[c] for c in cols])):
-        cells[col] = Text(part, style=palette.error, no_wrap=True, end="")
     return FleetRow(
         key=f"node:{node.name}",
         node=node.name,
-        cells=tuple(cells.get(k, Text("", end="")) for k in COLUMN_KEYS),
+        cells=_all_cells(cells),
         search_text=f"{node.name} {label} {reason}".lower(),
+        message=reason,
+        message_columns=_NODE_MESSAGE_COLUMNS,
+        message_style=palette.error,
     )
 
 
@@ -220,16 +398,23 @@ def filter_rows(rows: Sequence[FleetRow], filter_text: str, palette: Palette) ->
     the node name in bold on the first shown row of each node and muted on the others."""
     needle = filter_text.strip().lower()
     out: list[FleetRow] = []
-    node_col = COLUMN_KEYS.index("node")
     last_node = None
     for row in rows:
         if needle and needle not in row.search_text:
             continue
         first = row.node != last_node
         last_node = row.node
-        if first or row.key.startswith("node:"):
-            cells = list(row.cells)
-            cells[node_col] = Text(row.node, style="bold", no_wrap=True, end="")
-            row = FleetRow(key=row.key, node=row.node, cells=tuple(cells), search_text=row.search_text)
+        if first and not row.key.startswith("node:"):
+            cells = dict(row.cells)
+            cells["node"] = styled((row.node, "bold"))
+            row = FleetRow(
+                key=row.key,
+                node=row.node,
+                cells=cells,
+                search_text=row.search_text,
+                message=row.message,
+                message_columns=row.message_columns,
+                message_style=row.message_style,
+            )
         out.append(row)
     return out

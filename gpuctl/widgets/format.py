@@ -77,6 +77,22 @@ def power(value_w: float | None) -> str:
     return NA if is_na(value_w) else f"{value_w:.0f} W"
 
 
+def ops_rate(ops_per_s: float | None) -> str:
+    """A rate of array operations per second, short: "0 op/s", "850 op/s", "1.2k op/s",
+    "12k op/s", "3.4M op/s"; "N/A" for None/NaN."""
+    if is_na(ops_per_s):
+        return NA
+    assert ops_per_s is not None
+    value, suffix = float(ops_per_s), ""
+    for next_suffix in ("k", "M", "G"):
+        if round(value) < 1000:
+            break
+        value, suffix = value / 1000.0, next_suffix
+    if not suffix:
+        return f"{value:.0f} op/s"
+    return f"{value:.1f}{suffix} op/s" if round(value, 1) < 10 else f"{value:.0f}{suffix} op/s"
+
+
 def bar(fraction: float, width: int) -> str:
     """A bar `width` cells wide filled to `fraction` (clamped to 0..1) with eighth-cell
     resolution; the unfilled part is spaces."""
