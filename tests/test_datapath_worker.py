@@ -418,7 +418,7 @@ def test_tls_same_protocol(tmp_path):
 @pytest.mark.parametrize(
     "value, message",
     [
-        ("http://h:1?lease=a&token=00", "GPUCTL_ATTACH: scheme must be tcp:// or tls://, got 'http'"),
+        ("http://h:1?lease=a&token=00", "GPUCTL_ATTACH: scheme must be tcp://, tls:// or ssh://, got 'http'"),
         ("tcp://h?lease=a&token=00", "GPUCTL_ATTACH: expected HOST:PORT after tcp://"),
         ("tcp://h:1?token=00", "GPUCTL_ATTACH: missing lease=ID"),
         ("tcp://h:1?lease=a&token=zz", "GPUCTL_ATTACH: token= must be hexadecimal"),

@@ -5,8 +5,11 @@ sent as one BATCH frame at each synchronization point (``.get()``, scalar conver
 client could not infer, ``synchronize()``, ``memGetInfo()``), or earlier when it grows past
 ``MAX_QUEUED_OPS`` ops or ``FLUSH_PAYLOAD_BYTES`` of uploads (then without waiting for an answer).
 
-``GPUCTL_ATTACH`` format: ``tcp://HOST:PORT?lease=ID&token=HEX`` or
-``tls://HOST:PORT?lease=ID&token=HEX[&ca=PEM_PATH][&server_name=NAME]``.
+``GPUCTL_ATTACH`` format: ``tcp://HOST:PORT?lease=ID&token=HEX``,
+``tls://HOST:PORT?lease=ID&token=HEX[&ca=PEM_PATH][&server_name=NAME]``, or through the node's
+SSH connection ``ssh://[USER@]NODE[:SSHPORT]/HOST:PORT?lease=ID&token=HEX[&known_hosts=PATH]
+[&identity=PATH]`` (HOST:PORT is the worker's endpoint as the node sees it; see
+gpuctl.remote._ssh).
 """
 
 from __future__ import annotations
@@ -72,7 +75,9 @@ class WorkerLostError(ConnectionError):
 
 @dataclass(frozen=True)
 class AttachSpec:
-    """Where and how to attach: host, port, lease id, token (raw bytes), TLS settings."""
+    """Where and how to attach: host, port (the worker's endpoint), lease id, token (raw bytes),
+    TLS settings, and for the ssh:// form the node's SSH host, port, user, known_hosts file and
+    identity file (the worker's endpoint is then as the node sees it)."""
 
     host: str
     port: int
@@ -81,20 +86,36 @@ class AttachSpec:
     tls: bool = False
     cafile: str | None = None
     server_name: str | None = None
+    ssh_host: str | None = None
+    ssh_port: int = 22
+    ssh_user: str | None = None
+    known_hosts: str | None = None
+    identity: str | None = None
 
 
 def parse_attach(value: str, source: str = "GPUCTL_ATTACH") -> AttachSpec:
-    """Parse ``tcp://HOST:PORT?lease=ID&token=HEX`` (or ``tls://...&ca=PATH&server_name=NAME``).
+    """Parse ``tcp://HOST:PORT?lease=ID&token=HEX``, ``tls://...&ca=PATH&server_name=NAME`` or
+    ``ssh://[USER@]NODE[:SSHPORT]/HOST:PORT?lease=ID&token=HEX[&known_hosts=PATH][&identity=PATH]``.
 
     Raises AttachError naming `source` and the part that is wrong (the token is never echoed).
     """
     u = urllib.parse.urlsplit(value.strip())
-    if u.scheme not in ("tcp", "tls"):
-        raise AttachError(f"{source}: scheme must be tcp:// or tls://, got {u.scheme or '(none)'!r}")
+    if u.scheme not in ("tcp", "tls", "ssh"):
+        raise AttachError(f"{source}: scheme must be tcp://, tls:// or ssh://, got {u.scheme or '(none)'!r}")
     try:
         host, port = u.hostname, u.port
     except ValueError:
         host, port = None, None
+    ssh: dict[str, Any] = {}
+    if u.scheme == "ssh":
+        if not host:
+            raise AttachError(f"{source}: expected [USER@]NODE[:SSHPORT] after ssh://")
+        whost, _, wport = u.path.lstrip("/").rpartition(":")
+        if not whost or not wport.isdigit() or not 0 < int(wport) < 65536:
+            raise AttachError(f"{source}: expected /HOST:PORT of the worker (as the node sees it) after "
+                              f"ssh://{u.netloc}, got {u.path!r}")
+        ssh = {"ssh_host": host, "ssh_port": port or 22, "ssh_user": u.username}
+        host, port = whost.strip("[]"), int(wport)
     if not host or not port:
         raise AttachError(f"{source}: expected HOST:PORT after {u.scheme}://")
     q = urllib.parse.parse_qs(u.query)
@@ -108,15 +129,20 @@ def parse_attach(value: str, source: str = "GPUCTL_ATTACH") -> AttachSpec:
         raise AttachError(f"{source}: token= must be hexadecimal") from None
     if not token:
         raise AttachError(f"{source}: missing token=HEX")
+    if ssh:
+        ssh.update(known_hosts=q.get("known_hosts", [None])[0], identity=q.get("identity", [None])[0])
     return AttachSpec(host, port, lease, token, u.scheme == "tls", q.get("ca", [None])[0],
-                      q.get("server_name", [None])[0])
+                      q.get("server_name", [None])[0], **ssh)
 
 
 class Connection:
     """One attached lease. Thread-safe (one lock around the queue and the socket); arrays
     hold it, and their garbage collection queues ``free`` ops (sent with the next batch)."""
 
-    def __init__(self, spec: AttachSpec, timeout_s: float = 30.0):
+    def __init__(self, spec: AttachSpec, timeout_s: float = 30.0, ssh: Any = None):
+        """Connect and handshake. `ssh`: an open paramiko Transport or SSHClient to the node; the
+        data path then runs in a direct-tcpip channel over it (spec.host:port as the node sees
+        it). A spec from an ssh:// URL opens its own SSH connection. Raises AttachError."""
         self.spec = spec
         self.endpoint = f"{spec.host}:{spec.port}"
         self.lease_id = spec.lease_id
@@ -131,11 +157,17 @@ class Connection:
         self.syncs = 0
         self._flush_at = 1
         self.lost: str | None = None
-        try:
-            sock = socket.create_connection((spec.host, spec.port), timeout=timeout_s)
-        except OSError as e:
-            raise AttachError(f"cannot connect to the worker of lease {spec.lease_id} at {self.endpoint}: {e}") from None
-        tune_socket(sock)
+        if ssh is not None or spec.ssh_host:
+            if spec.tls:
+                raise AttachError("attach: tls:// and an SSH connection cannot be combined (SSH already encrypts)")
+            sock = _ssh_socket(spec, ssh, timeout_s)
+            self.endpoint = f"{spec.host}:{spec.port} via ssh"
+        else:
+            try:
+                sock = socket.create_connection((spec.host, spec.port), timeout=timeout_s)
+            except OSError as e:
+                raise AttachError(f"cannot connect to the worker of lease {spec.lease_id} at {self.endpoint}: {e}") from None
+            tune_socket(sock)
         if spec.tls:
             ctx = ssl.create_default_context(cafile=spec.cafile)
             try:
@@ -354,6 +386,25 @@ class Connection:
                 pass
 
 
+def _ssh_socket(spec: AttachSpec, ssh: Any, timeout_s: float) -> Any:
+    """The data path's socket through SSH (gpuctl.remote._ssh); AttachError on any failure."""
+    from gpuctl.remote import _ssh
+
+    owned = None
+    try:
+        if ssh is None:
+            ssh = owned = _ssh.connect(spec.ssh_host, spec.ssh_port, spec.ssh_user, spec.known_hosts, spec.identity,
+                                       timeout_s)
+        sock = _ssh.open_channel(ssh, spec.host, spec.port, spec.lease_id, timeout_s)
+    except ConnectionError as e:
+        if owned is not None:
+            owned.close()
+        raise AttachError(str(e)) from None
+    sock._owned = owned
+    sock.settimeout(timeout_s)  # for the handshake; cleared after WELCOME
+    return sock
+
+
 _WIRE_DTYPES = frozenset(
     "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 complex64 complex128".split()
 )
@@ -380,12 +431,16 @@ _default_lock = threading.Lock()
 
 
 def attach(endpoint: str | None = None, token: str | bytes | None = None, lease_id: str | None = None, *,
-           tls: bool = False, cafile: str | None = None, server_name: str | None = None) -> Connection:
+           tls: bool = False, cafile: str | None = None, server_name: str | None = None,
+           ssh: Any = None) -> Connection:
     """Attach to a lease's worker and make it the default connection of ``gpuctl.remote``.
 
-    Either `endpoint` as a full ``tcp://...`` / ``tls://...`` URL (see module docstring), or
-    endpoint "host:port" with `token` (hex str or raw bytes) and `lease_id`; with no arguments,
-    ``GPUCTL_ATTACH`` is read. Raises AttachError (bad spec, refused token, unreachable worker).
+    Either `endpoint` as a full ``tcp://...`` / ``tls://...`` / ``ssh://...`` URL (see module
+    docstring), or endpoint "host:port" with `token` (hex str or raw bytes) and `lease_id`; with
+    no endpoint, ``GPUCTL_ATTACH`` is read. `ssh`: an open paramiko Transport or SSHClient to the
+    node: the data path then goes through that SSH connection (a direct-tcpip channel to the
+    worker's endpoint as the node sees it; the connection stays the caller's). Raises AttachError
+    (bad spec, refused token, unreachable worker, SSH channel refused).
     """
     global _default
     if endpoint is None:
@@ -403,7 +458,7 @@ def attach(endpoint: str | None = None, token: str | bytes | None = None, lease_
             raise AttachError("attach: token and lease_id are needed with a HOST:PORT endpoint")
         tok = bytes.fromhex(token) if isinstance(token, str) else bytes(token)
         spec = AttachSpec(host.strip("[]"), int(port), lease_id, tok, tls, cafile, server_name)
-    conn = Connection(spec)
+    conn = Connection(spec, ssh=ssh)
     with _default_lock:
         old, _default = _default, conn
     if old is not None:
