@@ -8,6 +8,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -173,9 +174,12 @@ def test_oversized_hello_refused(two_leases, bystanders):
         (lambda: (m := encode_meta({"ops": [], "bufs": [["int8", [1 << 20] * 3]]}),
                   pack_header(FrameType.BATCH, len(m), 0) + m)[1],
          ("oversized", "meta.bufs[0]: 1152921504606846976 elements (limit 68719476736)")),
+        (pack_header(FrameType.GET, 4, 0) + bytes(4), ("bad_meta", "GET: meta_len must be 8 and payload_len 0, got 4 and 0")),
+        (pack_header(FrameType.GET, 8, 3) + bytes(11), ("bad_meta", "GET: meta_len must be 8 and payload_len 0, got 8 and 3")),
+        (pack_header(FrameType.ARRAY, 10, 0) + bytes(10), ("frame_type", "frame type ARRAY not expected after the handshake")),
     ],
     ids=["magic", "meta_len", "payload_len", "type", "hello_again", "meta_list", "meta_json", "ops_type",
-         "bufs_mismatch", "bufs_dtype", "bufs_elements"],
+         "bufs_mismatch", "bufs_dtype", "bufs_elements", "get_meta_len", "get_payload", "array_to_worker"],
 )
 def test_malformed_frame_refused_others_unaffected(two_leases, bystanders, raw, want):
     (_, url1), _ = two_leases
@@ -221,6 +225,88 @@ def test_random_bytes_after_handshake_never_hurt_others(two_leases, bystanders, 
         assert _closed(s)
     finally:
         s.close()
+
+
+# -- GET / ARRAY (protocol 2) ------------------------------------------------------------------------
+
+def test_get_fast_path_values_and_accounting(two_leases):
+    (h1, url1), _ = two_leases
+    c = Connection(parse_attach(url1))
+    try:
+        before = c.sync("stats")
+        a = c.upload(np.arange(12, dtype=np.int32).reshape(3, 4))
+        assert c.get(a).tolist() == np.arange(12).reshape(3, 4).tolist()
+        c.enqueue("transpose", [a + 100], [{"h": a}])  # queued op and GET leave in one send
+        t = c.get(a + 100)
+        assert t.shape == (4, 3) and t.dtype == np.int32 and t.flags.c_contiguous  # a view, sent C-ordered
+        assert t.tolist() == np.arange(12).reshape(3, 4).T.tolist()
+        c.enqueue("zeros", [a + 101], [[0, 5], {"d": "float16"}])
+        z = c.get(a + 101)
+        assert z.shape == (0, 5) and z.dtype == np.float16
+        big = np.random.default_rng(1).standard_normal(50_000)  # 400 kB: the zero-copy chunked send
+        b = c.upload(big)
+        out = np.empty_like(big)
+        assert c.get(b, out=out) is out and np.array_equal(out, big)
+        c.enqueue("sum", [a + 102], [{"h": b}])
+        assert c.get(a + 102).item() == pytest.approx(big.sum())
+        after = c.sync("stats")
+        assert after["ops_total"] - before["ops_total"] >= 9
+        assert after["bytes_out"] - before["bytes_out"] >= 400_000 + 48 + 8
+    finally:
+        c.close()
+
+
+def test_get_reports_queued_error_then_recovers(two_leases):
+    (_, url1), _ = two_leases
+    c = Connection(parse_attach(url1))
+    try:
+        a = c.upload(np.ones((2, 3)))
+        c.enqueue("matmul", [50], [{"h": a}, {"h": a}])
+        with pytest.raises(ValueError, match=rf"op #\d+ matmul\(h{a}, h{a}\): .*mismatch"):
+            c.get(a)  # a itself is fine: the error of the queued op comes first
+        assert c.get(a).tolist() == [[1.0] * 3] * 2  # reported once; the next GET answers
+        with pytest.raises(cp.RemoteError, match=r"op #\d+ get\(h50\): h50 is not available: op #\d+ matmul"):
+            c.get(50)  # the poisoned output names the failed op
+        with pytest.raises(cp.RemoteError, match=r"op #\d+ get\(h777\): unknown handle h777 \(freed, or never"):
+            c.get(777)
+        assert c.get(a).sum() == 6.0
+    finally:
+        c.close()
+
+
+def test_bad_array_frame_from_worker_loses_connection():
+    """A client refuses an ARRAY whose metadata does not match its payload (a broken or hostile
+    worker): WorkerLostError naming the field, and every later call says so too."""
+    from gpuctl.datapath.protocol import array_meta
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+
+    def fake_worker():
+        s, _ = srv.accept()
+        with s:
+            hdr = recv_header(s)
+            recv_meta(s, hdr)
+            s.recv(hdr.payload_len)
+            send_frame(s, FrameType.WELCOME, {"protocol": PROTOCOL_VERSION, "executor": "numpy", "quota_bytes": 1})
+            s.recv(28)  # the GET
+            am = array_meta(1, 11, (4,))  # 4 float64 = 32 bytes, but the header says 8
+            s.sendall(pack_header(FrameType.ARRAY, len(am), 8) + am + bytes(8))
+            s.recv(1)
+
+    t = threading.Thread(target=fake_worker, daemon=True)
+    t.start()
+    try:
+        c = Connection(parse_attach(f"tcp://127.0.0.1:{port}?lease=L&token=00"))
+        with pytest.raises(WorkerLostError, match=r"ARRAY: shape \(4,\) of float64 is not header.payload_len 8 bytes"):
+            c.get(1)
+        with pytest.raises(WorkerLostError, match="lost the connection to the worker of lease L"):
+            c.get(1)
+    finally:
+        srv.close()
+        t.join(5)
 
 
 # -- isolation ----------------------------------------------------------------------------------
