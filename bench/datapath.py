@@ -36,29 +36,34 @@ DEEPBENCH_TRAIN = [(1760, 16, 1760), (1760, 128, 1760), (2560, 64, 2560), (4096,
                    (5124, 9124, 2560), (7680, 64, 2560), (3072, 128, 1024), (7680, 5481, 2560),
                    (1024, 700, 512), (8448, 48000, 2816)]
 
-# A tiny TCP peer in a separate process: echo (RTT) or sink/source (stream bandwidth).
+# A tiny TCP peer in a separate process: echo (RTT) or sink/source (stream bandwidth). Its buffers
+# are allocated (and touched) before it prints its port, so no timing includes them.
 _PEER = r"""
 import socket, sys
 mode = sys.argv[1]
+buf = bytearray(1 << 24); mv = memoryview(buf)
+if mode == "source":
+    data = memoryview(bytearray(b"\x01") * int(sys.argv[2]))
 srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
 print(srv.getsockname()[1], flush=True)
 c, _ = srv.accept()
 c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 for o in (socket.SO_SNDBUF, socket.SO_RCVBUF): c.setsockopt(socket.SOL_SOCKET, o, 4 << 20)
-buf = bytearray(1 << 24); mv = memoryview(buf)
 if mode == "echo":
     while True:
         n = c.recv_into(mv[:1])
         if not n: break
         c.sendall(mv[:1])
 elif mode == "sink":
-    total = int(sys.argv[2])
-    while total:
-        n = c.recv_into(mv[:min(total, len(mv))]); total -= n
-    c.sendall(b"k")
+    for _ in range(int(sys.argv[3])):
+        total = int(sys.argv[2])
+        while total:
+            n = c.recv_into(mv[:min(total, len(mv))]); total -= n
+        c.sendall(b"k")
 elif mode == "source":
-    total = int(sys.argv[2]); data = memoryview(bytearray(total)); c.recv(1)
-    c.sendall(data)
+    for _ in range(int(sys.argv[3])):
+        c.recv(1)
+        c.sendall(data)
 """
 
 
@@ -89,28 +94,33 @@ def tcp_rtt_s(n: int = 2000) -> float:
         p.wait()
 
 
-def tcp_stream_bytes_per_s(nbytes: int) -> dict[str, float]:
-    """Plain Python TCP stream over loopback, both directions (bytes/s)."""
+def tcp_stream_bytes_per_s(nbytes: int, repeat: int = 3) -> dict[str, float]:
+    """Plain Python TCP stream over loopback to/from another process, both directions (bytes/s,
+    best of `repeat`, as the remote transfers are): sendall of a NumPy buffer / recv_into one."""
     data = memoryview(np.ones(nbytes, np.uint8))
-    p, s = _peer("sink", str(nbytes))
-    t = time.perf_counter()
-    s.sendall(data)
-    s.recv(1)
-    up = nbytes / (time.perf_counter() - t)
+    p, s = _peer("sink", str(nbytes), str(repeat))
+    ups = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        s.sendall(data)
+        s.recv(1)
+        ups.append(nbytes / (time.perf_counter() - t))
     s.close()
     p.wait()
-    p, s = _peer("source", str(nbytes))
-    buf = np.empty(nbytes, np.uint8)
+    p, s = _peer("source", str(nbytes), str(repeat))
+    buf = np.ones(nbytes, np.uint8)  # touched: no page faults in the timing
     mv = memoryview(buf)
-    t = time.perf_counter()
-    s.sendall(b"g")
-    got = 0
-    while got < nbytes:
-        got += s.recv_into(mv[got:])
-    down = nbytes / (time.perf_counter() - t)
+    downs = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        s.sendall(b"g")
+        got = 0
+        while got < nbytes:
+            got += s.recv_into(mv[got:])
+        downs.append(nbytes / (time.perf_counter() - t))
     s.close()
     p.wait()
-    return {"send_bytes_per_s": up, "recv_bytes_per_s": down}
+    return {"send_bytes_per_s": max(ups), "recv_bytes_per_s": max(downs)}
 
 
 class Local:
@@ -131,19 +141,43 @@ def best_of(fn: Callable[[], float], repeat: int) -> float:
     return min(fn() for _ in range(repeat))
 
 
-def bench_gemm(xp: Any, sync: Callable[[], None], shapes: list, dtypes: list, reps: int) -> dict:
+def gemm_reps(xp: Any, sync: Callable[[], None], shapes: list, dtypes: list, reps: int,
+              budget_s: float) -> dict[str, int]:
+    """Products per shape: `reps`, unless `reps` local products would take more than `budget_s`
+    (timed from 3 products after a warm-up), then as many as fit (at least 10)."""
     out = {}
     for dt in dtypes:
         for (m, n, k) in shapes:
+            a = xp.ones((m, k), dtype=dt)
+            b = xp.ones((k, n), dtype=dt)
+            c = a @ b
+            sync()
+            t = time.perf_counter()
+            for _ in range(3):
+                c = a @ b
+            sync()
+            per = (time.perf_counter() - t) / 3
+            out[f"{m}x{n}x{k}/{dt}"] = reps if per * reps <= budget_s else max(10, int(budget_s / per))
+            del a, b, c
+    return out
+
+
+def bench_gemm(xp: Any, sync: Callable[[], None], shapes: list, dtypes: list, reps: dict[str, int]) -> dict:
+    """Seconds per product for each shape: one warm-up, then reps[shape] back-to-back products
+    between two synchronizations (DeepBench's method)."""
+    out = {}
+    for dt in dtypes:
+        for (m, n, k) in shapes:
+            key = f"{m}x{n}x{k}/{dt}"
             a = xp.ones((m, k), dtype=dt) if xp is np else xp.random.rand(m, k).astype(dt)
             b = xp.ones((k, n), dtype=dt) if xp is np else xp.random.rand(k, n).astype(dt)
             c = a @ b  # warm-up
             sync()
             t = time.perf_counter()
-            for _ in range(reps):
+            for _ in range(reps[key]):
                 c = a @ b
             sync()
-            out[f"{m}x{n}x{k}/{dt}"] = (time.perf_counter() - t) / reps
+            out[key] = (time.perf_counter() - t) / reps[key]
             del a, b, c
     return out
 
@@ -163,9 +197,12 @@ def bench_small_ops(xp: Any, sync: Callable[[], None], n: int = 10_000) -> float
     return best_of(run, 3)
 
 
-def bench_scalar_rtt(cp: Any, n: int = 1000) -> float:
+def bench_scalar_rtt(cp: Any, n: int = 2000) -> float:
+    """Median seconds of ``float(x)`` on a 0-d float64 array of module `cp` (remote or local),
+    after 200 untimed calls."""
     x = cp.ones(())
-    float(x)
+    for _ in range(200):
+        float(x)
     times = []
     for _ in range(n):
         t = time.perf_counter()
@@ -174,9 +211,32 @@ def bench_scalar_rtt(cp: Any, n: int = 1000) -> float:
     return statistics.median(times)
 
 
+def scalar_rtt_numpy_worker() -> float:
+    """The scalar round trip against a NumPy-executor worker in the same run: the protocol's own
+    cost on this machine, without the device copy (seconds, median)."""
+    import gpuctl.remote as cp
+
+    with running_worker(quota_bytes=1 << 24, executor="numpy") as (_, url):
+        conn = Connection(parse_attach(url))
+        try:
+            h = conn.mint()
+            conn.enqueue("ones", [h], [[], {"d": "float64"}])
+            for _ in range(200):
+                conn.get(h)
+            times = []
+            for _ in range(2000):
+                t = time.perf_counter()
+                float(conn.get(h).item())
+                times.append(time.perf_counter() - t)
+            return statistics.median(times)
+        finally:
+            conn.close()
+
+
 def bench_transfer(cp: Any, xp_local: Local | None, nbytes: int) -> dict[str, float]:
     host = np.ones(nbytes // 4, np.float32)
-    out = np.empty_like(host)
+    out = np.zeros_like(host)
+    out.fill(0)  # touched: no page faults in the timing
     cp.synchronize()
 
     def h2d() -> float:
@@ -246,22 +306,28 @@ def main() -> None:
     ap.add_argument("--executor", choices=("numpy", "cupy"), default="numpy")
     ap.add_argument("--gpu", type=int, default=0, help="GPU index for --executor cupy")
     ap.add_argument("--gemm-reps", type=int, default=None, help="products per GEMM figure (400 on cupy, 3 on numpy)")
+    ap.add_argument("--gemm-budget-s", type=float, default=60.0,
+                    help="at most this many seconds of local products per GEMM shape; a shape that would take "
+                         "longer runs fewer products (recorded in the JSON as reps and reps_reason)")
     ap.add_argument("--gemm-max-gflop", type=float, default=None,
                     help="skip GEMM shapes above this many GFLOP per product (default: none on cupy, 5 on numpy)")
     ap.add_argument("--transfer-mib", type=int, default=256)
     ap.add_argument("--quota-gib", type=float, default=None, help="lease quota (default 100 on cupy, 4 on numpy)")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: gemm,small,rtt,transfer,fractional")
-    ap.add_argument("--out", default=None, help="JSON file (default bench/datapath-<executor>.json)")
+    ap.add_argument("--out", default=None, help="JSON file (default bench/datapath-<executor>.json); the table "
+                                                "goes beside it (.txt)")
     args = ap.parse_args()
     gpu = args.gpu if args.executor == "cupy" else None
     reps = args.gemm_reps or (400 if args.executor == "cupy" else 3)
     max_gflop = args.gemm_max_gflop if args.gemm_max_gflop is not None else (None if args.executor == "cupy" else 5.0)
     quota = int((args.quota_gib or (100 if args.executor == "cupy" else 4)) * (1 << 30))
     skip = set(filter(None, args.skip.split(",")))
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), f"datapath-{args.executor}.json")
+    table_path = os.path.splitext(out)[0] + ".txt"
     local = Local(args.executor)
     res: dict[str, Any] = {"executor": args.executor, "command": " ".join([sys.executable, *sys.argv]),
                            "host": platform.node(), "python": platform.python_version(), "numpy": np.__version__,
-                           "started_s": time.time()}
+                           "cpus": os.cpu_count(), "started_s": time.time(), "section_s": {}, "errors": {}}
     if args.executor == "cupy":
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(args.gpu))
         import cupy
@@ -269,24 +335,69 @@ def main() -> None:
         res["cupy"] = cupy.__version__
         res["gpu"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     rows: list[tuple[str, str, str, str, str]] = []
+    header = ("figure", "remote", "baseline", "ratio", "target")
 
+    def save() -> None:
+        """JSON and table after every section, so a run cut short keeps what it measured."""
+        with open(out, "w") as f:
+            json.dump(res, f, indent=2)
+        widths = [max(len(r[i]) for r in rows + [header]) for i in range(5)]
+        with open(table_path, "w") as f:
+            for r in [header] + rows:
+                f.write("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
+
+    def section(name: str, fn: Callable[[], None]) -> None:
+        if name in skip:
+            return
+        t0 = time.perf_counter()
+        print(f"-- {name} ...", flush=True)
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - one broken section must not lose the others
+            import traceback
+
+            traceback.print_exc()
+            res["errors"][name] = f"{type(e).__name__}: {e}"
+        res["section_s"][name] = round(time.perf_counter() - t0, 2)
+        print(f"-- {name}: {res['section_s'][name]} s", flush=True)
+        for r in rows[-30:]:
+            if r[0] not in printed:
+                print("   " + "  ".join(r), flush=True)
+                printed.add(r[0])
+        save()
+
+    printed: set[str] = set()
     with running_worker(quota_bytes=quota, executor=args.executor, gpu_index=gpu, ttl_s=3600) as (_, url):
         import gpuctl.remote as cp
 
         cp.attach(url)
-        if "rtt" not in skip:
+
+        def rtt_section() -> None:
             rtt = tcp_rtt_s()
             scalar = bench_scalar_rtt(cp)
-            res["rtt"] = {"tcp_rtt_s": rtt, "scalar_get_s": scalar, "ratio": scalar / rtt, "target": "<= 3"}
-            rows.append(("scalar .get() round trip", f"{scalar * 1e6:.1f} us", f"TCP RTT {rtt * 1e6:.1f} us",
-                         f"{scalar / rtt:.2f}x", "<= 3x"))
-        if "small" not in skip:
+            rtt2 = tcp_rtt_s()  # again after: the ratio uses the mean of both
+            tcp = (rtt + rtt2) / 2
+            res["rtt"] = {"tcp_rtt_s": tcp, "tcp_rtt_before_after_s": [rtt, rtt2], "scalar_get_s": scalar,
+                          "ratio": scalar / tcp, "target": "<= 3"}
+            rows.append(("scalar .get() round trip", f"{scalar * 1e6:.1f} us", f"TCP RTT {tcp * 1e6:.1f} us",
+                         f"{scalar / tcp:.2f}x", "<= 3x"))
+            loc = bench_scalar_rtt(local.xp)
+            res["rtt"]["local_scalar_s"] = loc
+            rows.append(("  (local float(x), reference)", f"{loc * 1e6:.1f} us", "", "", ""))
+            if args.executor == "cupy":
+                npw = scalar_rtt_numpy_worker()
+                res["rtt"]["numpy_worker_scalar_get_s"] = npw
+                rows.append(("  (same, NumPy worker: protocol only)", f"{npw * 1e6:.1f} us",
+                             f"TCP RTT {tcp * 1e6:.1f} us", f"{npw / tcp:.2f}x", ""))
+
+        def small_section() -> None:
             loc = bench_small_ops(local.xp, local.sync)
             rem = bench_small_ops(cp, cp.synchronize)
             res["small_ops"] = {"local_s_per_op": loc, "remote_s_per_op": rem, "ratio": rem / loc, "target": "<= 1.5"}
             rows.append(("x += 1 (1024 f32) x10k", f"{rem * 1e6:.2f} us/op", f"local {loc * 1e6:.2f} us/op",
                          f"{rem / loc:.2f}x", "<= 1.5x"))
-        if "transfer" not in skip:
+
+        def transfer_section() -> None:
             nbytes = args.transfer_mib << 20
             tcp = tcp_stream_bytes_per_s(nbytes)
             tr = bench_transfer(cp, local, nbytes)
@@ -297,38 +408,48 @@ def main() -> None:
                 rows.append((f"{k.upper()} {args.transfer_mib} MiB", f"{tr[f'{k}_bytes_per_s'] / 1e9:.2f} GB/s",
                              f"TCP {tcp[f'{t}_bytes_per_s'] / 1e9:.2f} GB/s",
                              f"{res['transfer'][f'{k}_ratio']:.2f}", ">= 0.8"))
-        if "gemm" not in skip:
+
+        def gemm_section() -> None:
             shapes = [s for s in DEEPBENCH_TRAIN if max_gflop is None or 2 * s[0] * s[1] * s[2] / 1e9 <= max_gflop]
             dtypes = ["float16", "float32"] if args.executor == "cupy" else ["float32"]
-            loc = bench_gemm(local.xp, local.sync, shapes, dtypes, reps)
-            rem = bench_gemm(cp, cp.synchronize, shapes, dtypes, reps)
-            res["gemm"] = {"reps": reps, "shapes": {k: {"local_s": loc[k], "remote_s": rem[k],
-                                                        "ratio_local_over_remote": loc[k] / rem[k],
-                                                        "target_applies": loc[k] >= 1e-3} for k in loc}}
+            nreps = gemm_reps(local.xp, local.sync, shapes, dtypes, reps, args.gemm_budget_s)
+            loc = bench_gemm(local.xp, local.sync, shapes, dtypes, nreps)
+            rem = bench_gemm(cp, cp.synchronize, shapes, dtypes, nreps)
+            res["gemm"] = {"reps": reps, "budget_s": args.gemm_budget_s, "shapes": {
+                k: {"local_s": loc[k], "remote_s": rem[k], "ratio_local_over_remote": loc[k] / rem[k],
+                    "target_applies": loc[k] >= 1e-3, "reps": nreps[k],
+                    **({"reps_reason": f"{reps} products would exceed the {args.gemm_budget_s:g} s budget"}
+                       if nreps[k] < reps else {})} for k in loc}}
             for k in loc:
-                rows.append((f"GEMM {k}", f"{rem[k] * 1e3:.3f} ms", f"local {loc[k] * 1e3:.3f} ms",
+                rows.append((f"GEMM {k}" + (f" ({nreps[k]} reps)" if nreps[k] != reps else ""),
+                             f"{rem[k] * 1e3:.3f} ms", f"local {loc[k] * 1e3:.3f} ms",
                              f"{loc[k] / rem[k]:.3f}", ">= 0.98" if loc[k] >= 1e-3 else "(< 1 ms: reported)"))
+
+        section("rtt", rtt_section)
+        section("small", small_section)
+        section("transfer", transfer_section)
+        section("gemm", gemm_section)
         cp.detach()
 
-    if "fractional" not in skip:
+    def fractional_section() -> None:
         size = 8192 if args.executor == "cupy" else 256
         dtype = "float16" if args.executor == "cupy" else "float32"
-        freps = 50 if args.executor == "cupy" else 20
+        freps = 300 if args.executor == "cupy" else 20
         full = bench_fractional(args.executor, gpu, quota, 1, size, freps, dtype)
-        res["fractional"] = {"size": size, "dtype": dtype, "full_products_per_s": full}
+        res["fractional"] = {"size": size, "dtype": dtype, "products_per_lease": freps, "full_products_per_s": full}
         for n in (2, 4):
             agg = bench_fractional(args.executor, gpu, quota, n, size, freps, dtype)
             res["fractional"][f"{n}x1/{n}"] = {"aggregate_products_per_s": agg, "ratio": agg / full}
             rows.append((f"fractional {n} x 1/{n} ({size}^3 {dtype})", f"{agg:.1f} prod/s", f"full {full:.1f} prod/s",
                          f"{agg / full:.2f}", ">= 0.95"))
 
-    widths = [max(len(r[i]) for r in rows + [("figure", "remote", "baseline", "ratio", "target")]) for i in range(5)]
-    for r in [("figure", "remote", "baseline", "ratio", "target")] + rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), f"datapath-{args.executor}.json")
-    with open(out, "w") as f:
-        json.dump(res, f, indent=2)
-    print(f"wrote {out}")
+    section("fractional", fractional_section)
+    res["finished_s"] = time.time()
+    save()
+    print()
+    with open(table_path) as f:
+        print(f.read(), end="")
+    print(f"wrote {out} and {table_path}")
 
 
 if __name__ == "__main__":

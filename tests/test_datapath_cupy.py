@@ -63,3 +63,23 @@ def test_large_transfer_round_trip(gpu_lease):
     back = r.get()
     np.testing.assert_array_equal(back, host)
     assert float(r[-1]) == float(host[-1])
+
+
+def test_get_small_download_path(gpu_lease):
+    """GET answers: one cudaMemcpy into pinned memory up to 64 KiB (views made contiguous first),
+    the chunked pipeline above; values and dtypes as CuPy has them."""
+    from gpuctl.datapath.executor_cupy import SMALL_DOWNLOAD_BYTES
+
+    for dtype in ("bool", "int8", "uint16", "int64", "float16", "float32", "complex128"):
+        host = (np.arange(24) % 3).astype(dtype).reshape(4, 6)
+        r = cp.asarray(host)
+        np.testing.assert_array_equal(r.get(), host)
+        np.testing.assert_array_equal(r[:, ::2].T.get(), host[:, ::2].T)  # non-contiguous view
+        assert r[1, 2].item() == host[1, 2].item()
+    for n in (SMALL_DOWNLOAD_BYTES // 4, SMALL_DOWNLOAD_BYTES // 4 + 1, 0):  # at, above the limit, empty
+        host = np.arange(n, dtype=np.float32)
+        np.testing.assert_array_equal(cp.asarray(host).get(), host)
+    x = cp.zeros((), dtype=cp.float64)
+    for i in range(50):  # each float() sees every op queued before it
+        x += 1
+        assert float(x) == i + 1
