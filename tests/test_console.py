@@ -231,6 +231,8 @@ async def test_enter_on_row_opens_node_detail(source):
 
 
 async def test_command_bar_node_opens_detail_with_history(source):
+    from gpuctl.widgets.metric_plot import MetricPlot
+
     app = make_app(source)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
@@ -242,16 +244,183 @@ async def test_command_bar_node_opens_detail_with_history(source):
         assert isinstance(screen, NodeDetailScreen)
         assert screen.node_name == "node-03"
         node = app.snapshot.node("node-03")
-        panels = list(screen.query(".gpu-panel"))
-        assert len(panels) == 8
-        # 120 warm-up samples + the one snapshot sample, straight from the source's history ring
-        assert len(screen._history[node.gpus[0].uuid].samples) == 121
-        first = panels[0]
-        spark = first.query_one(".plot-sm .plot-line")
-        _, ring = source.history("node-03", node.gpus[0].uuid)
-        assert list(spark.data) == [s.sm_util_pct for s in ring]
-        label = str(first.query_one(".plot-sm .plot-label").render())
-        assert f"now {fmt.percent(ring[-1].sm_util_pct)}" in label
+        gpu_list = screen.query_one("#gpu-list")
+        assert gpu_list.option_count == 8
+        assert str(gpu_list.get_option_at_index(0).prompt) == f"GPU 0 {fmt_state(node.gpus[0])}"
+        first = node.gpus[0].uuid
+        assert screen.selected_uuid == first
+        # only the selected GPU's history is fetched: 120 warm-up samples + the snapshot's one
+        assert list(screen._history) == [first]
+        assert len(screen._history[first].samples) == 121
+        _, ring = source.history("node-03", first)
+        plot = screen.query_one("#plot-sm", MetricPlot)
+        assert plot.runs == [([(s.timestamp_s - ring[-1].timestamp_s) / 60.0 for s in ring],
+                              [s.sm_util_pct for s in ring])]
+        assert plot.ylim == (0.0, 100.0)
+        assert plot.title == f"SM util (%) {ring[-1].sm_util_pct:.0f} (max {max(s.sm_util_pct for s in ring):.0f})"
+        mem = screen.query_one("#plot-memory", MetricPlot)
+        assert mem.ylim == (0.0, ring[-1].memory_total_bytes / fmt.GIB)
+        assert mem.runs[0][1][-1] == ring[-1].memory_used_bytes / fmt.GIB
+        # the plot renders with axes in minutes
+        rendered = str(plot.render())
+        assert "-10m" in rendered and "now" in rendered and "SM util (%)" in rendered
+
+
+def fmt_state(gpu) -> str:
+    from gpuctl.widgets.fleet_rows import gpu_state
+
+    return gpu_state(gpu)
+
+
+async def test_node_detail_gpu_selector_keys_and_incremental_history(source):
+    from gpuctl.widgets.metric_plot import MetricPlot
+
+    calls = []
+    real = source.history
+
+    def history(node, uuid, since=0):
+        calls.append((node, uuid, since))
+        return real(node, uuid, since)
+
+    source.history = history  # type: ignore[method-assign]
+    app = make_app(source)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(app, pilot)
+        app.open_node("node-02")
+        await settle(app, pilot)
+        screen = app.screen
+        gpus = app.snapshot.node("node-02").gpus
+        assert calls == [("node-02", gpus[0].uuid, 0)]
+        await pilot.press("right_square_bracket")
+        await settle(app, pilot)
+        assert screen.selected_uuid == gpus[1].uuid
+        assert calls[-1] == ("node-02", gpus[1].uuid, 0)
+        await pilot.press("7")
+        await settle(app, pilot)
+        assert screen.selected_uuid == gpus[7].uuid
+        await pilot.press("left_square_bracket")
+        await settle(app, pilot)
+        assert screen.selected_uuid == gpus[6].uuid
+        await pilot.press("9")  # no GPU 9: a flash, selection unchanged
+        await pilot.pause()
+        assert screen.selected_uuid == gpus[6].uuid
+        assert app.flash_log[-1] == "node-02 has no GPU 9"
+        # back to GPU 1 after a poll: only the samples after its cursor are fetched
+        cursor = screen._history[gpus[1].uuid].cursor
+        await poll(app, pilot)
+        await pilot.press("1")
+        await settle(app, pilot)
+        assert calls[-1] == ("node-02", gpus[1].uuid, cursor)
+        assert len(screen._history[gpus[1].uuid].samples) == 122
+        # the arrow keys in the GPU list select too
+        screen.query_one("#gpu-list").focus()
+        await pilot.press("down")
+        await settle(app, pilot)
+        assert screen.selected_uuid == gpus[2].uuid
+        assert screen.query_one("#plot-sm", MetricPlot).runs
+        app.export_screenshot()  # renders at 80x24 without error
+
+
+async def test_enter_on_a_gpu_row_opens_that_gpu(source):
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        table(app).focus()
+        table(app).move_cursor(row=12)  # node-02, GPU 4
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert isinstance(app.screen, NodeDetailScreen)
+        assert app.screen.selected_uuid == app.snapshot.node("node-02").gpus[4].uuid
+
+
+async def test_node_detail_na_gaps_stay_gaps(source, monkeypatch):
+    from gpuctl.widgets.metric_plot import MetricPlot, metric_runs
+
+    real = source.history
+
+    def with_gaps(node, uuid, since=0):
+        cursor, samples = real(node, uuid, since)
+        for s in samples[50:60]:
+            s.power_w = None  # NVML NotSupported for a while
+        return cursor, samples
+
+    monkeypatch.setattr(source, "history", with_gaps)
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        app.open_node("node-02")
+        await settle(app, pilot)
+        runs = app.screen.query_one("#plot-power", MetricPlot).runs
+        assert [len(xs) for xs, _ in runs] == [50, 61]
+        assert all(y is not None and y > 0 for _, ys in runs for y in ys)
+        sm_runs = app.screen.query_one("#plot-sm", MetricPlot).runs
+        assert [len(xs) for xs, _ in sm_runs] == [121]
+
+
+def test_metric_runs_split_on_na_and_time_gaps():
+    from gpuctl.widgets.metric_plot import metric_runs
+
+    def s(t, sm, error=None):
+        return model.GpuSample(uuid="GPU-a", timestamp_s=t, sm_util_pct=sm, error=error)
+
+    samples = [s(0, 10.0), s(1, 20.0), s(2, None), s(3, 30.0), s(30, 40.0), s(31, 0.0), s(32, 5.0, error="lost")]
+    runs = metric_runs(samples, "sm", max_gap_s=5.0)
+    newest = 32
+    assert runs == [
+        ([(0 - newest) / 60, (1 - newest) / 60], [10.0, 20.0]),
+        ([(3 - newest) / 60], [30.0]),
+        ([(30 - newest) / 60, (31 - newest) / 60], [40.0, 0.0]),  # a real 0 is kept
+    ]
+    assert metric_runs([], "sm") == []
+    with pytest.raises(ValueError, match="unknown metric 'fan'"):
+        metric_runs(samples, "fan")
+
+
+async def test_node_detail_history_error_keeps_what_it_had(source, monkeypatch):
+    from gpuctl.widgets.metric_plot import MetricPlot
+
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        app.open_node("node-01")
+        await settle(app, pilot)
+        screen = app.screen
+        uuid = screen.selected_uuid
+        held = list(screen._history[uuid].samples)
+        cursor = screen._history[uuid].cursor
+
+        def broken(node, gpu, since=0):
+            raise FleetSourceError(f"{node}: unreachable (ssh: timed out after 5.0 s)")
+
+        monkeypatch.setattr(source, "history", broken)
+        screen._fetch()
+        await settle(app, pilot)
+        assert screen._errors[uuid] == "history unavailable: node-01: unreachable (ssh: timed out after 5.0 s)"
+        assert list(screen._history[uuid].samples) == held and screen._history[uuid].cursor == cursor
+        plot = screen.query_one("#plot-sm", MetricPlot)
+        assert plot.note.endswith("· history unavailable: node-01: unreachable (ssh: timed out after 5.0 s)")
+        assert len(plot.runs[0][0]) == len(held)
+
+
+async def test_node_detail_lists_slices_leases_and_usage(source):
+    from gpuctl.screens.node_detail import slices_text
+
+    _with_usage(source, {"lease-0002": {"memory_in_use_bytes": 12 * fmt.GIB, "ops_per_s": 56.0}})
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        node = app.snapshot.node("node-02")
+        gpu = next(g for g in node.gpus if any(s.leased for s in g.slices))
+        app.open_node("node-02")
+        await settle(app, pilot)
+        app.screen.select_gpu(gpu.uuid)
+        await settle(app, pilot)
+        text = str(app.screen.query_one("#gpu-slices").render())
+        assert text == str(slices_text(node, gpu, app.palette))
+        leased = next(s for s in gpu.slices if s.leased)
+        assert f"busy lease-0002 alice@ws12 expires {fmt.utc_time(node.leases[0].expires_s)}" in text
+        assert "in use 12.0 GiB · 56 op/s" in text
+        assert f"#{leased.id.rsplit('/', 1)[1]} {fmt.fraction_glyph(leased.fraction)} {leased.department}" in text
 
 
 async def test_command_bar_unknown_command_flashes_and_changes_nothing(source):

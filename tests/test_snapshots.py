@@ -73,5 +73,9 @@ def test_fleet_screen_200x60(snap_compare):
     assert snap_compare(frozen_app("gpuctl-dark"), terminal_size=(200, 60), run_before=_settle)
 
 
+def test_node_detail_80x24(snap_compare):
+    assert snap_compare(frozen_app("gpuctl-dark"), terminal_size=(80, 24), run_before=_open_node)
+
+
 def test_too_small(snap_compare):
     assert snap_compare(frozen_app("gpuctl-dark"), terminal_size=(40, 12), run_before=_settle)

@@ -26,6 +26,7 @@ from rich.text import Text
 
 from gpuctl import model
 from gpuctl.screens.base import GpuctlScreen
+from gpuctl.screens.node_detail import NodeDetailScreen
 from gpuctl.widgets.fleet_rows import FleetRow, Layout, filter_rows, layout_cells, layout_for
 from gpuctl.widgets.fleet_table import FleetTable
 
@@ -225,6 +226,12 @@ class FleetScreen(GpuctlScreen):
         self._open(self.cursor_key())
 
     def _open(self, key: str | None) -> None:
+        """Open the node of row `key`, showing that row's GPU first."""
         row = self._rows.get(key or "")
-        if row is not None:
-            self.app.open_node(row.node)
+        if row is not None and self.app.open_node(row.node):
+            detail = self.app.screen_stack[-1]
+            if isinstance(detail, NodeDetailScreen) and detail.node_name == row.node and not row.key.startswith("node:"):
+                if detail.is_mounted:
+                    detail.select_gpu(row.key)
+                else:
+                    detail.selected_uuid = row.key

@@ -1,159 +1,99 @@
-"""Node detail (`:node NAME`, or Enter on a fleet row): per GPU, 10-minute plots of SM
-utilization, memory, power and temperature, its slices and their leases.
+"""Node detail (`:node NAME`, or Enter on a fleet row): one GPU at a time, with plots of SM
+utilization, memory, power and temperature over the last 10 minutes, its slices and their leases.
 
-The plots come from the daemon's history ring (FleetSource.history), fetched in a thread worker
-(group "history"), incrementally with the cursor the daemon gave, every `history_interval_s`
-after the last fetch finished. Only the last 10 minutes (by sample timestamps) are kept. The
-latest values, slices and leases come from the app's fleet snapshot.
+Left, the node's GPUs (an OptionList: up/down or a click selects one; `[` and `]` step through
+them from anywhere, digit keys pick a GPU by index). Right, the selected GPU: a title line, four
+MetricPlots (gpuctl.widgets.metric_plot: axes, units, N/A gaps left as gaps) and the list of its
+slices with their departments, leases and the lease usage the daemon reports.
+
+The plots come from the daemon's history ring (FleetSource.history), fetched for the selected GPU
+only in a thread worker (group "history"), incrementally with the cursor the daemon gave, every
+`history_interval_s` after the last fetch finished; a GPU's samples are kept while the screen is
+open, so going back to a GPU fetches only what is new. Only the last 10 minutes (by sample
+timestamps) are kept. The title, slices and leases come from the app's fleet snapshot.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rich.text import Text
-from textual import work
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Grid, Vertical, VerticalScroll
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import Label, Sparkline, Static
+from textual.timer import Timer
+from textual.widgets import OptionList, Static
+from textual.widgets.option_list import Option
 
 from gpuctl import model
 from gpuctl.screens.base import GpuctlScreen
 from gpuctl.widgets import format as fmt
 from gpuctl.widgets.fleet_rows import gpu_state, slices_cell
+from gpuctl.widgets.metric_plot import METRICS, WINDOW_S, MetricPlot, metric_runs, metric_value
 from gpuctl.widgets.palette import Palette
 
-#: How far back the plots reach, seconds.
-WINDOW_S = 600.0
-
-#: (metric key, label): the four plots of each GPU.
-METRICS = (
-    ("sm", "SM util"),
-    ("memory", "memory"),
-    ("power", "power"),
-    ("temperature", "temp"),
-)
+__all__ = ["NodeDetailScreen", "HistoryFetched", "METRICS", "WINDOW_S", "metric_label", "slices_text"]
 
 
-def metric_value(sample: model.GpuSample, metric: str) -> float | None:
-    """The plotted figure of `metric` in `sample`: SM util %, memory used GiB, power W, temp °C."""
-    if metric == "sm":
-        return sample.sm_util_pct
-    if metric == "memory":
-        return None if sample.memory_used_bytes is None else sample.memory_used_bytes / fmt.GIB
-    if metric == "power":
-        return sample.power_w
-    return sample.temperature_c
-
-
-def metric_label(metric: str, label: str, samples: Sequence[model.GpuSample]) -> str:
-    """"SM util  now 93% · max 99%" (or "N/A") over `samples` (oldest first)."""
+def metric_label(metric: str, samples: list[model.GpuSample]) -> str:
+    """"93 (max 99)" over `samples` (oldest first): the newest figure and the 10-minute maximum,
+    in the metric's unit (the plot's title names it: %, GiB, W, °C); "N/A" where the newest
+    sample has none, never 0."""
     values = [v for s in samples if (v := metric_value(s, metric)) is not None]
     last = metric_value(samples[-1], metric) if samples else None
-    if metric == "sm":
-        now, peak = fmt.percent(last), fmt.percent(max(values)) if values else fmt.NA
-    elif metric == "memory":
-        total = samples[-1].memory_total_bytes if samples else None
-        used = samples[-1].memory_used_bytes if samples else None
-        now = fmt.memory_label(used, total)
-        peak = f"{max(values):.1f} GiB" if values else fmt.NA
-    elif metric == "power":
-        now, peak = fmt.power(last), fmt.power(max(values)) if values else fmt.NA
-    else:
-        now, peak = fmt.temperature(last), fmt.temperature(max(values)) if values else fmt.NA
-    return f"{label}  now {now} · 10-min max {peak}"
+    peak = max(values) if values else None
+    form = "{:.1f}" if metric == "memory" else "{:.0f}"
+    now = fmt.NA if last is None else form.format(last)
+    top = fmt.NA if peak is None else form.format(peak)
+    return f"{now} (max {top})"
 
 
 @dataclass
 class _GpuHistory:
+    """What the screen holds of one GPU's history: the daemon's cursor and the samples."""
+
     cursor: int = 0
     samples: deque[model.GpuSample] = field(default_factory=lambda: deque(maxlen=4096))
 
 
 class HistoryFetched(Message):
-    """A history fetch finished: new samples per GPU UUID, cursors, and errors by UUID."""
+    """A history fetch of GPU `uuid` of `node` finished: the cursor it started from (`since`),
+    the daemon's new cursor and samples, or `error` (then cursor/samples are unset)."""
 
-    def __init__(self, node: str, samples: dict[str, tuple[int, list[model.GpuSample]]], errors: dict[str, str]):
+    def __init__(
+        self,
+        node: str,
+        uuid: str,
+        since: int,
+        cursor: int = 0,
+        samples: list[model.GpuSample] | None = None,
+        error: str | None = None,
+    ):
         super().__init__()
         self.node = node
-        self.samples = samples
-        self.errors = errors
-
-
-class GpuPanel(Vertical):
-    """One GPU: title line, a 2x2 grid of labelled sparklines, slices and leases."""
-
-    def __init__(self, uuid: str):
-        super().__init__(classes="gpu-panel")
         self.uuid = uuid
-        self._pending: tuple | None = None
-        self._ready = False  # set in on_mount (is_mounted is still False there)
-
-    def on_mount(self) -> None:
-        self._ready = True
-        if self._pending is not None:
-            self.show(*self._pending)
-
-    def compose(self) -> ComposeResult:
-        yield Static("", classes="gpu-title")
-        with Grid(classes="gpu-plots"):
-            for key, _label in METRICS:
-                with Vertical(classes=f"plot plot-{key}"):
-                    yield Label("", classes="plot-label")
-                    yield Sparkline([], classes="plot-line")
-        yield Static("", classes="gpu-slices")
-
-    def show(
-        self,
-        node: model.NodeStatus,
-        gpu: model.GpuStatus,
-        history: Sequence[model.GpuSample],
-        error: str | None,
-        palette: Palette,
-    ) -> None:
-        """Render `gpu` of `node` with `history` (oldest first) or the history `error`; before the
-        panel is mounted the arguments are kept and rendered on mount."""
-        if not self._ready:
-            self._pending = (node, gpu, history, error, palette)
-            return
-        self._pending = None
-        ident = gpu.identity
-        state = gpu_state(gpu)
-        title = Text(no_wrap=True, overflow="ellipsis", end="")
-        title.append(f"GPU {ident.index}", style="bold")
-        title.append(f"  {ident.name}  {ident.uuid}", style="")
-        if ident.pci_bus_id:
-            title.append(f"  bus {ident.pci_bus_id}", style=palette.muted)
-        title.append(f"  {state}", style=palette.error if state == "error" else palette.get("slice-busy") if state == "busy" else palette.get("slice-idle"))
-        if gpu.sample is not None and gpu.sample.error:
-            title.append(f"  {gpu.sample.error}", style=palette.error)
-        self.query_one(".gpu-title", Static).update(title)
-        for key, label in METRICS:
-            box = self.query_one(f".plot-{key}")
-            text = metric_label(key, label, history) if history else f"{label}  {error or 'no history yet'}"
-            box.query_one(".plot-label", Label).update(text)
-            data = [v for s in history if (v := metric_value(s, key)) is not None]
-            line = box.query_one(".plot-line", Sparkline)
-            if list(line.data or []) != data:
-                line.data = data  # reactive: assign a new list, never mutate
-        self.query_one(".gpu-slices", Static).update(slices_text(node, gpu, palette))
+        self.since = since
+        self.cursor = cursor
+        self.samples = samples or []
+        self.error = error
 
 
 def slices_text(node: model.NodeStatus, gpu: model.GpuStatus, palette: Palette) -> Text:
-    """"slices: research ½● · training ½" then one line per slice: "#0 ½ research busy lease-0001
-    alice@ws12 expires 00:05:00 UTC" (absolute UTC times: no clock-relative text)."""
+    """"slices: research ½● · training ½" then, per slice, "#0 ½ research  40.0 GiB  busy
+    lease-0001 alice@ws12 expires 00:05:00 UTC · in use 3.1 GiB · 1.2k op/s" (absolute UTC
+    times: no clock-relative text; usage only where the daemon reports it, N/A for a missing
+    figure)."""
     text = Text(end="")
     text.append("slices: ", style=palette.muted)
     text.append_text(slices_cell(gpu.slices, palette))
     leases = {lease.id: lease for lease in node.leases}
     for s in gpu.slices:
         _, k = model.split_slice_id(s.id)
-        text.append(f"\n  #{k} {fmt.fraction_glyph(s.fraction)} ", style="")
-        text.append(f"{s.department:<12}", style=palette.department(s.department))
+        text.append(f"\n#{k} {fmt.fraction_glyph(s.fraction)} ", style="")
+        text.append(f"{s.department:<11}", style=palette.department(s.department))
         text.append(f" {fmt.human_bytes(s.memory_quota_bytes):>9}  ", style=palette.muted)
         if s.lease_id:
             lease = leases.get(s.lease_id)
@@ -162,6 +102,14 @@ def slices_text(node: model.NodeStatus, gpu: model.GpuStatus, palette: Palette) 
                 text.append(f"{lease.id} {lease.owner} expires {fmt.utc_time(lease.expires_s)}")
             else:
                 text.append(f"{s.lease_id} (lease not listed)", style=palette.warning)
+            if s.usage:
+                memory = s.usage.get("memory_in_use_bytes")
+                ops = s.usage.get("ops_per_s")
+                text.append(
+                    f" · in use {fmt.human_bytes(memory if isinstance(memory, int) else None)}"
+                    f" · {fmt.ops_rate(ops if isinstance(ops, (int, float)) else None)}",
+                    style=palette.get("slice-busy"),
+                )
         else:
             text.append("idle", style=palette.get("slice-idle"))
         if s.pending:
@@ -170,88 +118,149 @@ def slices_text(node: model.NodeStatus, gpu: model.GpuStatus, palette: Palette) 
 
 
 class NodeDetailScreen(GpuctlScreen):
-    """Detail of node `node_name`; Escape goes back."""
+    """Detail of node `node_name`, one GPU at a time (`gpu_uuid`: the one shown first; default the
+    lowest index). Escape goes back."""
 
     VIEW = "node"
     CSS_PATH = "node_detail.tcss"
     BINDINGS = [
         Binding("escape", "app.back", "Back"),
         Binding("backspace", "app.back", "Back", show=False),
+        Binding("left_square_bracket", "step_gpu(-1)", "Prev GPU", key_display="["),
+        Binding("right_square_bracket", "step_gpu(1)", "Next GPU", key_display="]"),
+        *[Binding(str(i), f"pick_gpu({i})", f"GPU {i}", show=False) for i in range(10)],
     ]
 
-    def __init__(self, node_name: str, *, history_interval_s: float = 2.0):
+    def __init__(self, node_name: str, *, gpu_uuid: str | None = None, history_interval_s: float = 2.0):
         super().__init__()
         self.node_name = node_name
+        self.selected_uuid = gpu_uuid
         self.history_interval_s = history_interval_s
         self._history: dict[str, _GpuHistory] = {}
         self._errors: dict[str, str] = {}
-        self._panels: dict[str, GpuPanel] = {}
-        self._fetching = False
+        self._gpu_keys: list[str] = []
+        self._timer: Timer | None = None
         self._stopped = False
 
     def compose_body(self) -> ComposeResult:
         yield Static("", id="node-summary")
-        yield VerticalScroll(id="node-gpus")
+        with Horizontal(id="node-body"):
+            yield OptionList(id="gpu-list")
+            with Vertical(id="gpu-detail"):
+                yield Static("", id="gpu-title")
+                with Grid(id="gpu-plots"):
+                    for metric in METRICS:
+                        yield MetricPlot(metric, id=f"plot-{metric.key}", classes="plot")
+                with VerticalScroll(id="gpu-slices-box"):
+                    yield Static("", id="gpu-slices")
 
     def on_mount(self) -> None:
+        # (GpuctlScreen.on_mount runs too: Textual calls the handler of every class in the MRO)
+        self.query_one("#gpu-list", OptionList).focus()
         self._fetch()
 
     def on_unmount(self) -> None:
         self._stopped = True
+        if self._timer is not None:
+            self._timer.stop()
 
-    # -- history -------------------------------------------------------------------------------
+    # -- selection -------------------------------------------------------------------------------
 
-    def _gpu_uuids(self) -> list[str]:
+    def _gpus(self) -> list[model.GpuStatus]:
         snapshot = self.app.snapshot
         node = snapshot.node(self.node_name) if snapshot is not None else None
-        return [g.uuid for g in node.gpus] if node is not None and node.reachable else []
+        if node is None or not node.reachable:
+            return []
+        return sorted(node.gpus, key=lambda g: g.identity.index)
 
-    def _fetch(self) -> None:
-        if self._stopped or self._fetching:
+    def select_gpu(self, uuid: str) -> None:
+        """Show GPU `uuid` (ignored when the node has no such GPU) and fetch its history now."""
+        if uuid not in {g.uuid for g in self._gpus()} or uuid == self.selected_uuid:
             return
-        uuids = self._gpu_uuids()
-        if not uuids:
-            self.set_timer(self.history_interval_s, self._fetch)
+        self.selected_uuid = uuid
+        options = self.query_one("#gpu-list", OptionList)
+        if uuid in self._gpu_keys and options.highlighted != self._gpu_keys.index(uuid):
+            options.highlighted = self._gpu_keys.index(uuid)
+        self._render_selected()
+        self._fetch(now=True)
+
+    def action_step_gpu(self, step: int) -> None:
+        gpus = self._gpus()
+        if not gpus:
             return
-        self._fetching = True
-        self._fetch_history(uuids, {u: self._history.get(u, _GpuHistory()).cursor for u in uuids})
+        uuids = [g.uuid for g in gpus]
+        at = uuids.index(self.selected_uuid) if self.selected_uuid in uuids else 0
+        self.select_gpu(uuids[(at + step) % len(uuids)])
+
+    def action_pick_gpu(self, index: int) -> None:
+        gpu = next((g for g in self._gpus() if g.identity.index == index), None)
+        if gpu is None:
+            self.app.flash(f"{self.node_name} has no GPU {index}", severity="warning")
+            return
+        self.select_gpu(gpu.uuid)
+
+    @on(OptionList.OptionHighlighted, "#gpu-list")
+    def _highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        event.stop()
+        if event.option.id:
+            self.select_gpu(event.option.id)
+
+    # -- history ---------------------------------------------------------------------------------
+
+    def _fetch(self, now: bool = False) -> None:
+        """Fetch the selected GPU's new samples in a worker (a running fetch is replaced)."""
+        if self._stopped:
+            return
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+        gpus = self._gpus()
+        uuid = self.selected_uuid if self.selected_uuid in {g.uuid for g in gpus} else None
+        if uuid is None and gpus:
+            uuid = self.selected_uuid = gpus[0].uuid
+        if uuid is None:
+            self._timer = self.set_timer(self.history_interval_s, self._fetch)
+            return
+        since = self._history.get(uuid, _GpuHistory()).cursor
+        self._fetch_history(uuid, since)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="history")
-    def _fetch_history(self, uuids: list[str], cursors: dict[str, int]) -> None:
-        source = self.app.source
-        samples: dict[str, tuple[int, list[model.GpuSample]]] = {}
-        errors: dict[str, str] = {}
-        for uuid in uuids:
-            try:
-                samples[uuid] = source.history(self.node_name, uuid, cursors.get(uuid, 0))
-            except Exception as e:  # noqa: BLE001 - any failure of the source is shown, not raised
-                errors[uuid] = f"history unavailable: {e}"
-        self.post_message(HistoryFetched(self.node_name, samples, errors))
+    def _fetch_history(self, uuid: str, since: int) -> None:
+        try:
+            cursor, samples = self.app.source.history(self.node_name, uuid, since)
+        except Exception as e:  # noqa: BLE001 - any failure of the source is shown, not raised
+            self.post_message(HistoryFetched(self.node_name, uuid, since, error=f"history unavailable: {e}"))
+            return
+        self.post_message(HistoryFetched(self.node_name, uuid, since, cursor, samples))
 
     def on_history_fetched(self, message: HistoryFetched) -> None:
-        self._fetching = False
-        for uuid, (cursor, new) in message.samples.items():
-            hist = self._history.setdefault(uuid, _GpuHistory())
-            hist.cursor = cursor
-            hist.samples.extend(new)
+        message.stop()
+        hist = self._history.setdefault(message.uuid, _GpuHistory())
+        if message.error is not None:
+            self._errors[message.uuid] = message.error  # samples already held are kept
+        elif message.since == hist.cursor:  # else an older fetch: its samples are held already
+            self._errors.pop(message.uuid, None)
+            if message.cursor < message.since:  # the daemon restarted: its ring starts again
+                hist.samples.clear()
+            hist.cursor = message.cursor
+            hist.samples.extend(message.samples)
             if hist.samples:
                 newest = hist.samples[-1].timestamp_s
                 while hist.samples and hist.samples[0].timestamp_s < newest - WINDOW_S:
                     hist.samples.popleft()
-        self._errors = dict(message.errors)
-        snapshot = self.app.snapshot
-        if snapshot is not None and self.is_current:
-            self.show_snapshot(snapshot)
+        if message.uuid == self.selected_uuid and self.is_current:
+            self._render_selected()
         if not self._stopped:
-            self.set_timer(self.history_interval_s, self._fetch)
+            if self._timer is not None:
+                self._timer.stop()
+            self._timer = self.set_timer(self.history_interval_s, self._fetch)
 
-    # -- rendering -----------------------------------------------------------------------------
+    # -- rendering -------------------------------------------------------------------------------
 
     def show_snapshot(self, snapshot: model.FleetSnapshot) -> None:
         palette = self.app.palette
         node = snapshot.node(self.node_name)
         summary = self.query_one("#node-summary", Static)
-        container = self.query_one("#node-gpus", VerticalScroll)
         if node is None:
             summary.update(Text(f"{self.node_name}: not in the fleet", style=palette.error))
             return
@@ -266,19 +275,80 @@ class NodeDetailScreen(GpuctlScreen):
             if node.error:
                 line.append(f"  {node.error}", style=palette.error)
         summary.update(line)
-        gpus = sorted(node.gpus, key=lambda g: g.identity.index) if node.reachable else []
-        uuids = [g.uuid for g in gpus]
-        if uuids != list(self._panels):
-            container.remove_children()
-            self._panels = {u: GpuPanel(u) for u in uuids}
-            container.mount_all(self._panels.values())
-        self._show_panels(node, gpus)
+        self._update_gpu_list(node, palette)
+        self._render_selected()
 
-    def _show_panels(self, node: model.NodeStatus, gpus: list[model.GpuStatus]) -> None:
+    def _update_gpu_list(self, node: model.NodeStatus, palette: Palette) -> None:
+        gpus = sorted(node.gpus, key=lambda g: g.identity.index) if node.reachable else []
+        options = self.query_one("#gpu-list", OptionList)
+        prompts = []
+        for g in gpus:
+            state = gpu_state(g)
+            style = {"error": palette.error, "busy": palette.get("slice-busy"), "draining": palette.warning}
+            prompt = Text(no_wrap=True, end="")
+            prompt.append(f"GPU {g.identity.index} ")
+            prompt.append(state, style=style.get(state, palette.get("slice-idle")))
+            prompts.append(prompt)
+        keys = [g.uuid for g in gpus]
+        if keys != self._gpu_keys:
+            options.clear_options()
+            options.add_options([Option(p, id=k) for p, k in zip(prompts, keys)])
+            self._gpu_keys = keys
+            if self.selected_uuid not in keys and keys:
+                self.selected_uuid = keys[0]
+            if keys:
+                options.highlighted = keys.index(self.selected_uuid)
+        else:
+            for i, p in enumerate(prompts):
+                if str(options.get_option_at_index(i).prompt) != str(p):
+                    options.replace_option_prompt_at_index(i, p)
+
+    def _render_selected(self) -> None:
+        snapshot = self.app.snapshot
         palette = self.app.palette
-        for gpu in gpus:
-            panel = self._panels.get(gpu.uuid)
-            if panel is None:
-                continue
-            hist = self._history.get(gpu.uuid)
-            panel.show(node, gpu, list(hist.samples) if hist else [], self._errors.get(gpu.uuid), palette)
+        node = snapshot.node(self.node_name) if snapshot is not None else None
+        gpu = None
+        if node is not None and node.reachable:
+            gpu = next((g for g in node.gpus if g.uuid == self.selected_uuid), None)
+        title = self.query_one("#gpu-title", Static)
+        slices = self.query_one("#gpu-slices", Static)
+        if node is None or gpu is None:
+            title.update(Text("no GPU to show" if node is None or node.reachable else "node unreachable",
+                              style=palette.muted))
+            slices.update("")
+            for metric in METRICS:
+                self.query_one(f"#plot-{metric.key}", MetricPlot).show([], color=palette.muted, note="")
+            return
+        ident = gpu.identity
+        state = gpu_state(gpu)
+        line = Text(no_wrap=True, overflow="ellipsis", end="")
+        line.append(f"GPU {ident.index}", style="bold")
+        line.append(f"  {ident.name}  {ident.uuid}")
+        if ident.pci_bus_id:
+            line.append(f"  bus {ident.pci_bus_id}", style=palette.muted)
+        state_style = {"error": palette.error, "busy": palette.get("slice-busy"), "draining": palette.warning}
+        line.append(f"  {state}", style=state_style.get(state, palette.get("slice-idle")))
+        if gpu.sample is not None and gpu.sample.error:
+            line.append(f"  {gpu.sample.error}", style=palette.error)
+        title.update(line)
+        slices.update(slices_text(node, gpu, palette))
+        hist = self._history.get(gpu.uuid)
+        samples = list(hist.samples) if hist else []
+        error = self._errors.get(gpu.uuid)
+        total = (samples[-1].memory_total_bytes if samples else None) or ident.memory_total_bytes
+        limits = {"sm": (0.0, 100.0), "memory": (0.0, total / fmt.GIB) if total else None}
+        colors = {"sm": palette.get("gpu-util-high"), "memory": palette.get("gpu-util-mid"),
+                  "power": palette.get("gpu-sparkline"), "temperature": palette.warning}
+        for metric in METRICS:
+            if error and not samples:
+                note = error
+            elif not samples:
+                note = "no history yet"
+            else:
+                note = metric_label(metric.key, samples) + (f" · {error}" if error else "")
+            self.query_one(f"#plot-{metric.key}", MetricPlot).show(
+                metric_runs(samples, metric.key),
+                color=colors[metric.key] or palette.muted,
+                ylim=limits.get(metric.key),
+                note=note,
+            )
