@@ -12,16 +12,19 @@ columns, space selects, `m` picks a department from a list. Both ask for confirm
 source department through the app's FleetSource (``source.reassign``, the same service as
 `gpuctl reassign`) in a thread worker. Cards show "moving → dst…" until a snapshot shows the new
 owner (then a notification says it is done) or the error is notified. In read-only mode
-(``app.readonly``) drops and `m` are refused with a notification.
+(``app.readonly``) drops and `m` are refused with a notification. Enter opens the node detail of
+the focused card's node.
 
-Updates are diffs: cards are kept by slice id; a new snapshot updates their text, moves the
-cards whose department changed, and adds or removes only the slices that appeared or vanished.
+Scale: a column's cards are one widget (gpuctl.widgets.board_cards.CardList, Textual's Line API)
+that draws only the rows in view, so opening the board mounts a handful of widgets whatever the
+fleet's size, and a snapshot costs a diff of the slices plus the repaint of the cards in view
+(bench/board.py measures both). The focused slice is the cursor of the focused column.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +33,7 @@ from textual.app import ComposeResult
 from textual.await_complete import AwaitComplete
 from textual.binding import Binding
 from textual.containers import HorizontalScroll
+from textual.geometry import Offset
 from textual.message import Message
 from textual.widgets import Static
 
@@ -37,8 +41,8 @@ from gpuctl import model
 from gpuctl.reassign import ReassignRequest, new_request_id
 from gpuctl.screens.base import GpuctlScreen
 from gpuctl.screens.move_dialog import DepartmentPickerScreen, MoveConfirmScreen
-from gpuctl.widgets.board_cards import SliceCard
-from gpuctl.widgets.board_columns import DepartmentColumn, color_class
+from gpuctl.widgets.board_cards import CARD_PITCH, CardList, CardMarks, card_text
+from gpuctl.widgets.board_columns import DepartmentColumn, color_class, own_color
 from gpuctl.widgets.board_model import (
     SliceView,
     UtilWindow,
@@ -51,9 +55,7 @@ from gpuctl.widgets.board_model import (
 )
 from gpuctl.widgets.drag import DragController, DragGhost, Draggable
 
-
-#: Rows from one card's top to the next (height 2 + margin 1 in board.tcss).
-CARD_PITCH = 3
+__all__ = ["BoardDrag", "BoardScreen", "CARD_PITCH", "COLUMN_MIN_WIDTH", "amount"]
 
 #: Narrowest column (cells, borders included); below it the board scrolls horizontally.
 COLUMN_MIN_WIDTH = 30
@@ -75,13 +77,15 @@ def amount(views: Sequence[SliceView]) -> str:
 
 class BoardScreen(GpuctlScreen):
     """The department board (see the module doc). Uses the app's `source` (FleetSource with
-    `departments` and `reassign`), `snapshot`, `readonly`, `flash` and `poll` when present."""
+    `departments` and `reassign`), `snapshot`, `readonly`, `flash`, `poll` and `open_node` when
+    present."""
 
     VIEW = "departments"
     CSS_PATH = "board.tcss"
     BINDINGS = [
         Binding("space", "toggle_select", "Select"),
         Binding("m", "move", "Move to…"),
+        Binding("enter", "open_node", "Node detail"),
         Binding("escape", "escape", "Back / cancel"),
     ]
 
@@ -102,16 +106,17 @@ class BoardScreen(GpuctlScreen):
         self.util_window = UtilWindow()
         self.drag_controller: DragController | None = None
         self._columns: dict[str, DepartmentColumn] = {}
-        self._cards: dict[str, SliceCard] = {}
         self._views: dict[str, SliceView] = {}
         self._by_column: dict[str, list[str]] = {}
         self._column_order: list[str] = []
-        self._selected: set[str] = set()
-        self._moving: dict[str, str] = {}  # slice id -> destination, until a snapshot shows it
+        self._marks = CardMarks()
+        self._selected = self._marks.selected
+        self._moving = self._marks.moving  # slice id -> destination, until a snapshot shows it
         self._unreachable: list[str] = []
         self._ghost = DragGhost("", markup=False)
         self._window_seen: model.FleetSnapshot | None = None
-        self._stale_cards: set[SliceCard] = set()  # cards changed while out of view
+        #: Snapshots drawn (show_snapshot calls that reached the columns).
+        self.snapshots_shown = 0
 
     # -- composition and data ------------------------------------------------------------------
 
@@ -124,7 +129,6 @@ class BoardScreen(GpuctlScreen):
         self.drag_controller = DragController(self, self._ghost, self._payload_for)
         self.watch(self.app, "snapshot", self._record_utilization, init=True)
         await self._ensure_columns(column_names(self._departments()))
-        self.watch(self.query_one("#board-columns", HorizontalScroll), "scroll_x", self._repaint_visible, init=False)
         # GpuctlScreen.on_mount runs after this one (Textual calls each class's handler).
 
     def _departments(self) -> list[model.Department]:
@@ -137,18 +141,23 @@ class BoardScreen(GpuctlScreen):
             self._window_seen = snapshot
             self.util_window.add(snapshot)
 
+    def _variables(self) -> dict[str, str]:
+        palette = getattr(self.app, "palette", None)
+        return dict(getattr(palette, "colors", None) or {})
+
     def _ensure_columns(self, names: list[str]) -> AwaitComplete:
         """Mount columns missing from `names` (in its order; unassigned stays last); the result
         may be awaited for their mounting to finish."""
         mounts = []
         container = self.query_one("#board-columns", HorizontalScroll)
         colors = {d.name: d.color for d in self._departments()}
+        variables = self._variables()
         index = {name: i for i, name in enumerate(n for n in names if n != model.UNASSIGNED)}
         for name in names:
             if name in self._columns:
                 continue
             css = color_class(name, -1 if name == model.UNASSIGNED else index[name], colors.get(name))
-            column = DepartmentColumn(name, css)
+            column = DepartmentColumn(name, css, self._marks, own_color(colors.get(name), variables))
             self._columns[name] = column
             before = self._columns.get(model.UNASSIGNED) if name != model.UNASSIGNED else None
             if before is not None and before.parent is container:
@@ -160,6 +169,15 @@ class BoardScreen(GpuctlScreen):
         ]
         self._fit_columns()
         return AwaitComplete(*mounts)
+
+    def palette_changed(self) -> None:
+        """A new theme: redraw the cards with its colors and re-resolve configured colors."""
+        colors = {d.name: d.color for d in self._departments()}
+        variables = self._variables()
+        for name, column in self._columns.items():
+            column.set_color(own_color(colors.get(name), variables))
+            column.body.clear_cache()
+            column.body.refresh()
 
     def _fit_columns(self) -> None:
         """Share the board's width between the columns, none narrower than COLUMN_MIN_WIDTH
@@ -179,142 +197,74 @@ class BoardScreen(GpuctlScreen):
 
     def on_resize(self) -> None:
         self._fit_columns()
-        self.call_after_refresh(self._repaint_visible)
 
     def show_snapshot(self, snapshot: model.FleetSnapshot) -> None:
-        """Diff `snapshot` into the board (UI thread; no I/O)."""
+        """Diff `snapshot` into the board (UI thread; no I/O): each column gets its slices (a
+        column repaints only when one of its slices changed, and then only the cards in view)."""
         self._record_utilization(snapshot)
         views = slice_views(snapshot)
         new_views = {v.slice_id: v for v in views}
-        by_column: dict[str, list[str]] = {}
+        by_column: dict[str, list[SliceView]] = {}
         for v in views:
-            by_column.setdefault(v.department, []).append(v.slice_id)
+            by_column.setdefault(v.department, []).append(v)
         names = column_names(self._departments(), views)
-        focused = self.focused
-        refocus: str | None = None
-        done: dict[str, int] = {}
         if any(n not in self._columns for n in names) or not all(
             c.body.is_mounted for c in self._columns.values()
         ):  # new columns: mount them, then draw this snapshot
             self._ensure_columns(names)
             self.call_after_refresh(self._data_changed)
             return
-        visible = self._visibility()
+        focused_id = self.focused_slice_id
+        focused_column = self.focused.department if isinstance(self.focused, CardList) else None
+        self._cancel_drag_if_changed(new_views)
+        for sid in [s for s in self._selected if s not in new_views]:
+            self._selected.discard(sid)
+        done: dict[str, int] = {}
+        for sid, dst in list(self._moving.items()):
+            v = new_views.get(sid)
+            if v is None:
+                del self._moving[sid]
+            elif v.department == dst:
+                del self._moving[sid]
+                done[dst] = done.get(dst, 0) + 1
         with self.app.batch_update():
-            mounts: dict[tuple[str, int], tuple[DepartmentColumn, SliceCard | None, list[SliceCard]]] = {}
-            for sid in [s for s in self._cards if s not in new_views]:
-                gone = self._cards.pop(sid)
-                self._stale_cards.discard(gone)
-                self._cancel_drag_of(gone)
-                gone.remove()
-                self._selected.discard(sid)
-                self._moving.pop(sid, None)
-            for sid, dst in list(self._moving.items()):
-                v = new_views[sid]
-                if v.department == dst:
-                    del self._moving[sid]
-                    done[dst] = done.get(dst, 0) + 1
-            for name, sids in by_column.items():
-                column = self._columns[name]
-                for i, sid in enumerate(sids):
-                    view = new_views[sid]
-                    card = self._cards.get(sid)
-                    if card is not None and self._views[sid].department == view.department:
-                        if card.show(view, selected=sid in self._selected, moving_to=self._moving.get(sid),
-                                     repaint=visible(column, i)):
-                            self._stale_cards.add(card)
-                        continue
-                    if card is not None:  # owner changed: the card moves to the new column
-                        if card is focused:
-                            refocus = sid
-                        self._stale_cards.discard(card)
-                        self._cancel_drag_of(card)
-                        card.remove()
-                    card = SliceCard(view, selected=sid in self._selected, moving_to=self._moving.get(sid))
-                    self._cards[sid] = card
-                    before = next((self._cards[s] for s in sids[i + 1:] if s in self._cards
-                                   and s in self._views and self._views[s].department == name), None)
-                    mounts.setdefault((name, id(before)), (column, before, []))[2].append(card)
-            for column, before, cards in mounts.values():  # one mount per run of new cards
-                if before is not None:
-                    column.body.mount_all(cards, before=before)
-                else:
-                    column.body.mount_all(cards)
-            self._views = new_views
-            self._by_column = by_column
             for name, column in self._columns.items():
-                column.set_totals(column_totals([new_views[s] for s in by_column.get(name, [])], self.util_window))
+                mine = by_column.get(name, [])
+                column.body.set_cards(mine)
+                column.set_totals(column_totals(mine, self.util_window))
+            self._views = new_views
+            self._by_column = {name: [v.slice_id for v in vs] for name, vs in by_column.items()}
             self._unreachable = unreachable_nodes(snapshot)
             self._update_status()
-        if refocus is not None:
-            card = self._cards[refocus]
-            self.call_after_refresh(card.focus)
-        elif not isinstance(self.focused, SliceCard) and views:
-            first = self._cards[views[0].slice_id]
-            self.call_after_refresh(self._focus_if_nothing, first)
+        self.snapshots_shown += 1
+        moved = new_views.get(focused_id) if focused_id is not None else None
+        if moved is not None and moved.department != focused_column:
+            self.focus_slice(moved.slice_id)  # focus follows the moved card
+        elif not isinstance(self.focused, CardList) and views:
+            self.call_after_refresh(self._focus_if_nothing)
         for dst, n in done.items():
             self._flash(f"done: moved {n} slice{'s' if n != 1 else ''} to {dst}")
 
-    def _visibility(self) -> Callable[[DepartmentColumn, int], bool]:
-        """A test of whether the card at position `index` of a column is (nearly) in view now:
-        the column inside the board's horizontal viewport and the card inside the column's
-        vertical viewport (cards are CARD_PITCH rows apart). Cards out of view are repainted when
-        they scroll in: repainting 1700 cards per tick would cost ~0.3 s at 1024 GPUs."""
-        try:
-            scroller = self.query_one("#board-columns", HorizontalScroll)
-            left, width = scroller.scroll_x, scroller.size.width
-        except Exception:  # noqa: BLE001 - before compose: treat everything as visible
-            return lambda column, index: True
-        margin = 2
-        shown: dict[int, tuple[float, float] | None] = {}
-
-        def rows(column: DepartmentColumn) -> tuple[float, float] | None:
-            key = id(column)
-            if key not in shown:
-                try:
-                    cx = column.virtual_region.x
-                    off = cx + column.outer_size.width < left or cx > left + width
-                except Exception:  # noqa: BLE001 - not laid out yet: visible
-                    off = False
-                body = column.body
-                top = body.scroll_y / CARD_PITCH - margin
-                shown[key] = None if off else (top, top + body.size.height / CARD_PITCH + 2 * margin)
-            return shown[key]
-
-        def visible(column: DepartmentColumn, index: int) -> bool:
-            r = rows(column)
-            return r is not None and r[0] <= index <= r[1]
-
-        return visible
-
-    def _repaint_visible(self, _value: object = None) -> None:
-        """Repaint the stale cards that are now in view (after a scroll or resize)."""
-        if not self._stale_cards:
-            return
-        visible = self._visibility()
-        positions = {sid: (col, i) for col, sids in self._by_column.items() for i, sid in enumerate(sids)}
-        for card in list(self._stale_cards):
-            col, i = positions.get(card.slice_id, (None, 0))
-            column = self._columns.get(col) if col is not None else None
-            if column is None or visible(column, i):
-                self._stale_cards.discard(card)
-                card.repaint()
-
-    def _cancel_drag_of(self, card: SliceCard) -> None:
-        """A card going away (its slice vanished or changed owner) ends a drag it started."""
+    def _cancel_drag_if_changed(self, new_views: dict[str, SliceView]) -> None:
+        """A drag whose slices changed owner or vanished ends (its payload is no longer true)."""
         controller = self.drag_controller
-        if controller is not None and controller.source is card:
-            controller.cancel("the dragged slice changed")
-            self._flash("drag cancelled: the slice changed owner or disappeared", severity="warning")
+        if controller is None or not controller.active or not isinstance(controller.payload, BoardDrag):
+            return
+        for v in controller.payload.views:
+            now = new_views.get(v.slice_id)
+            if now is None or now.department != v.department:
+                controller.cancel("the dragged slice changed")
+                self._flash("drag cancelled: the slice changed owner or disappeared", severity="warning")
+                return
 
-    @on(DepartmentColumn.Scrolled)
-    def _column_scrolled(self, event: DepartmentColumn.Scrolled) -> None:
-        event.stop()
-        self._repaint_visible()
-
-    def _focus_if_nothing(self, card: SliceCard) -> None:
-        if not isinstance(self.focused, SliceCard) and card.is_attached:
-            card.focus()
+    def _focus_if_nothing(self) -> None:
+        if isinstance(self.focused, CardList) or not self.is_current:
+            return
+        for name in self._column_order:
+            column = self._columns.get(name)
+            if column is not None and column.body.views:
+                column.body.focus()
+                return
 
     def _update_status(self) -> None:
         parts = []
@@ -339,9 +289,14 @@ class BoardScreen(GpuctlScreen):
         else:
             self.notify(message, severity=severity, markup=False)  # type: ignore[arg-type]
 
-    def card(self, slice_id: str) -> SliceCard | None:
-        """The card of a slice, or None when the board does not show it."""
-        return self._cards.get(slice_id)
+    def _refresh_slices(self, slice_ids: Sequence[str]) -> None:
+        """Repaint the columns showing these slices (their marks changed)."""
+        for name in {self._views[s].department for s in slice_ids if s in self._views}:
+            column = self._columns.get(name)
+            if column is not None:
+                column.body.refresh()
+
+    # -- queries (tests, benchmarks) -----------------------------------------------------------
 
     def column(self, department: str) -> DepartmentColumn | None:
         """The column of a department, or None when the board has none."""
@@ -350,6 +305,48 @@ class BoardScreen(GpuctlScreen):
     def column_slice_ids(self, department: str) -> list[str]:
         """The slice ids shown in a department's column, top to bottom."""
         return list(self._by_column.get(department, []))
+
+    def _cards_of(self, slice_id: str) -> CardList | None:
+        view = self._views.get(slice_id)
+        column = self._columns.get(view.department) if view is not None else None
+        return column.body if column is not None else None
+
+    def card_text(self, slice_id: str) -> str:
+        """What the card of `slice_id` says now (two lines, plain text); KeyError when the board
+        does not show that slice."""
+        cards = self._cards_of(slice_id)
+        if cards is None:
+            raise KeyError(f"board: no card for slice {slice_id!r}")
+        return card_text(self._views[slice_id], selected=slice_id in self._selected,
+                         moving_to=self._moving.get(slice_id))
+
+    def card_target(self, slice_id: str) -> tuple[CardList, Offset]:
+        """Scroll the card of `slice_id` into view and return (its column's CardList, a point on
+        the card relative to that widget): what a mouse press on the card needs. KeyError when
+        the board does not show that slice."""
+        cards = self._cards_of(slice_id)
+        offset = cards.card_offset(slice_id) if cards is not None else None
+        if cards is None or offset is None:
+            raise KeyError(f"board: no card for slice {slice_id!r}")
+        return cards, offset
+
+    @property
+    def focused_slice_id(self) -> str | None:
+        """The slice of the focused card (the cursor of the focused column), None when no column
+        has focus or it is empty."""
+        focused = self.focused
+        return focused.cursor_id if isinstance(focused, CardList) else None
+
+    def focus_slice(self, slice_id: str) -> bool:
+        """Focus the card of `slice_id` (its column, cursor on it, scrolled into view); False when
+        the board does not show that slice."""
+        cards = self._cards_of(slice_id)
+        index = cards.index_of(slice_id) if cards is not None else None
+        if cards is None or index is None:
+            return False
+        cards.move_cursor(index)
+        cards.focus()
+        return True
 
     @property
     def moving(self) -> dict[str, str]:
@@ -368,53 +365,48 @@ class BoardScreen(GpuctlScreen):
             self._selected.add(sid)
         else:
             self._selected.discard(sid)
-        card = self._cards.get(sid)
-        if card is not None:
-            card.show(selected=on)
+        self._refresh_slices([sid])
         self._update_status()
 
     def action_toggle_select(self) -> None:
         """Space: select or unselect the focused card."""
-        card = self.focused
-        if isinstance(card, SliceCard):
-            self._set_selected(card.slice_id, card.slice_id not in self._selected)
-
-    @on(SliceCard.Clicked)
-    def _card_clicked(self, event: SliceCard.Clicked) -> None:
-        event.stop()
-        if event.shift:
-            sid = event.card.slice_id
+        sid = self.focused_slice_id
+        if sid is not None:
             self._set_selected(sid, sid not in self._selected)
 
+    @on(CardList.Clicked)
+    def _card_clicked(self, event: CardList.Clicked) -> None:
+        event.stop()
+        if event.shift:
+            self._set_selected(event.slice_id, event.slice_id not in self._selected)
+
     def action_card_nav(self, direction: str) -> None:
-        """Arrows: up/down within a column, left/right to the nearest non-empty column."""
-        card = self.focused
-        if not isinstance(card, SliceCard) or card.slice_id not in self._views:
-            first = next((self._cards[sids[0]] for c in self._column_order
-                          if (sids := self._by_column.get(c))), None)
-            if first is not None:
-                first.focus()
+        """Arrows: up/down within a column, left/right to the nearest non-empty column (the card
+        at the same position, or its last)."""
+        cards = self.focused
+        if not isinstance(cards, CardList) or not cards.views:
+            self._focus_if_nothing()
             return
-        col = self._views[card.slice_id].department
-        sids = self._by_column.get(col, [])
-        i = sids.index(card.slice_id) if card.slice_id in sids else 0
-        target: str | None = None
         if direction in ("up", "down"):
-            j = i + (-1 if direction == "up" else 1)
-            if 0 <= j < len(sids):
-                target = sids[j]
-        else:
-            order = self._column_order
-            step = -1 if direction == "left" else 1
-            k = order.index(col) + step if col in order else -1
-            while 0 <= k < len(order):
-                other = self._by_column.get(order[k], [])
-                if other:
-                    target = other[min(i, len(other) - 1)]
-                    break
-                k += step
-        if target is not None and target in self._cards:
-            self._cards[target].focus()
+            cards.move_cursor(cards.cursor + (-1 if direction == "up" else 1))
+            return
+        order = self._column_order
+        step = -1 if direction == "left" else 1
+        k = order.index(cards.department) + step if cards.department in order else -1
+        while 0 <= k < len(order):
+            other = self._columns[order[k]].body
+            if other.views:
+                other.move_cursor(min(cards.cursor, len(other.views) - 1))
+                other.focus()
+                return
+            k += step
+
+    def action_open_node(self) -> None:
+        """Enter: the node detail of the focused card's node."""
+        sid = self.focused_slice_id
+        open_node = getattr(self.app, "open_node", None)
+        if sid is not None and sid in self._views and callable(open_node):
+            open_node(self._views[sid].node)
 
     def action_escape(self) -> None:
         """Escape: cancel a drag; else clear the selection; else go back."""
@@ -435,8 +427,9 @@ class BoardScreen(GpuctlScreen):
             self._flash("read-only mode: moving slices is disabled", severity="warning")
             return
         views = self.selected_views()
-        if not views and isinstance(self.focused, SliceCard) and self.focused.slice_id in self._views:
-            views = [self._views[self.focused.slice_id]]
+        focused = self.focused_slice_id
+        if not views and focused is not None and focused in self._views:
+            views = [self._views[focused]]
         views = [v for v in views if v.slice_id not in self._moving]
         if not views:
             self._flash("nothing to move: select slices (space) or focus a card", severity="warning")
@@ -453,21 +446,30 @@ class BoardScreen(GpuctlScreen):
     # -- drag and drop -------------------------------------------------------------------------
 
     def _payload_for(self, source: Draggable) -> tuple[Any, str] | None:
-        if not isinstance(source, SliceCard) or source.slice_id not in self._views:
+        sid = getattr(source, "pressed_id", None)
+        if not isinstance(source, CardList) or sid is None or sid not in self._views:
             return None
-        if source.slice_id in self._selected:
+        if sid in self._selected:
             views = self.selected_views()
         else:
-            views = [self._views[source.slice_id]]
+            views = [self._views[sid]]
         views = [v for v in views if v.slice_id not in self._moving]
         if not views:
             self._flash("already moving", severity="warning")
             return None
+        self._set_dragging({v.slice_id for v in views})
         return BoardDrag(tuple(views)), f"⇄ {amount(views)}"
+
+    def _set_dragging(self, slice_ids: set[str]) -> None:
+        before = set(self._marks.dragging)
+        self._marks.dragging.clear()
+        self._marks.dragging.update(slice_ids)
+        self._refresh_slices(list(before | slice_ids))
 
     @on(DragController.Dropped)
     def _dropped(self, event: DragController.Dropped) -> None:
         event.stop()
+        self._set_dragging(set())
         target = event.target
         if isinstance(target, DepartmentColumn) and isinstance(event.payload, BoardDrag):
             self.propose_move(list(event.payload.views), target.department)
@@ -475,6 +477,7 @@ class BoardScreen(GpuctlScreen):
     @on(DragController.Cancelled)
     def _drag_cancelled(self, event: DragController.Cancelled) -> None:
         event.stop()
+        self._set_dragging(set())
 
     # -- moving --------------------------------------------------------------------------------
 
@@ -525,9 +528,7 @@ class BoardScreen(GpuctlScreen):
             for sid in sids:
                 self._moving[sid] = dst
                 self._selected.discard(sid)
-                card = self._cards.get(sid)
-                if card is not None:
-                    card.show(selected=False, moving_to=dst)
+            self._refresh_slices(sids)
         self._update_status()
         if requests:
             self._run_requests(source, requests)
@@ -568,8 +569,5 @@ class BoardScreen(GpuctlScreen):
             poll()
 
     def _clear_moving(self, slice_ids: Sequence[str]) -> None:
-        for sid in slice_ids:
-            if self._moving.pop(sid, None) is not None:
-                card = self._cards.get(sid)
-                if card is not None:
-                    card.show(moving_to=None)
+        cleared = [sid for sid in slice_ids if self._moving.pop(sid, None) is not None]
+        self._refresh_slices(cleared)

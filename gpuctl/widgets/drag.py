@@ -2,9 +2,10 @@
 
 Shape (the one STYLE.md describes):
 
-- A :class:`Draggable` widget captures the mouse on MouseDown and starts a drag once the pointer
-  has moved more than :attr:`Draggable.DRAG_THRESHOLD` cells (2) away; a release before that is a
-  click (:meth:`Draggable.drag_clicked`). Draggables set ``ALLOW_SELECT = False`` so pressing on
+- A :class:`Draggable` widget captures the mouse on MouseDown (when :meth:`Draggable.drag_press`
+  says the press is on something draggable: a widget drawing many items hit-tests there) and
+  starts a drag once the pointer has moved more than :attr:`Draggable.DRAG_THRESHOLD` cells (2)
+  away; a release before that is a click (:meth:`Draggable.drag_clicked`). Draggables set ``ALLOW_SELECT = False`` so pressing on
   them never starts a text selection.
 - The screen owns the drag: it holds a :class:`DragController` (attribute ``drag_controller``),
   built with a callback that turns the pressed draggable into a payload and a ghost label (the
@@ -12,7 +13,7 @@ Shape (the one STYLE.md describes):
 - While dragging, a :class:`DragGhost` on ``layer: overlay`` follows the pointer, and the drop
   target under the pointer (found with ``screen.get_widgets_at(x, y)``, walking up each hit's
   ancestors to the first :class:`DropTarget` that accepts the payload) gets the CSS class
-  ``-drop-target``.
+  ``-drop-target`` (and its :meth:`DropTarget.drop_highlight` is called).
 - Releasing posts :class:`DragController.Dropped` (payload, target) to the screen, or
   :class:`DragController.Cancelled` when released over no target; Escape (the screen binds it to
   :meth:`DragController.cancel`) cancels and posts Cancelled too.
@@ -43,6 +44,10 @@ class DropTarget:
     def drop_accepts(self, payload: Any) -> bool:
         """Whether a drop of `payload` here would do something (default: always)."""
         return True
+
+    def drop_highlight(self, on: bool) -> None:
+        """The pointer of a drag entered (on=True) or left this target; called after the
+        ``-drop-target`` class was set or removed (default: nothing more)."""
 
 
 class DragGhost(Static):
@@ -177,9 +182,13 @@ class DragController:
             return
         if self.target is not None:
             self.target.remove_class(DROP_TARGET_CLASS)
+            if isinstance(self.target, DropTarget):
+                self.target.drop_highlight(False)
         self.target = target
         if target is not None:
             target.add_class(DROP_TARGET_CLASS)
+            if isinstance(target, DropTarget):
+                target.drop_highlight(True)
 
     def _end(self) -> None:
         self._set_target(None)
@@ -209,8 +218,15 @@ class Draggable(Widget):
         except Exception:  # noqa: BLE001 - not mounted on a screen
             return None
 
+    def drag_press(self, event: events.MouseDown) -> bool:
+        """A press at (event.x, event.y) of this widget: True when it may start a drag or a click
+        (default: always; a widget drawing several items hit-tests here and remembers which)."""
+        return True
+
     def on_mouse_down(self, event: events.MouseDown) -> None:
         if event.button == 3:  # right button: not a drag
+            return
+        if not self.drag_press(event):
             return
         event.stop()
         self._drag_down = (event.screen_x, event.screen_y)
