@@ -104,13 +104,6 @@ def object_dtype_scenario() -> str:
         w.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG (gpuctl/remote/_connection.py _read_reply, owned by the data-path engineer): a REPLY to a "
-    "'get' query builds np.empty(shape, np.dtype(result['dtype'])) with any dtype the worker names, "
-    "so dtype 'O' makes an object array whose pointers are the payload's raw bytes: the client "
-    "segfaults. Fix: refuse a dtype outside WIRE_DTYPES (and a shape that is not a list of "
-    "non-negative ints) with ProtocolError('bad_meta'), which loses the connection. Remove this "
-    "marker when fixed."))
 def test_reply_with_object_dtype_is_refused_not_turned_into_pointers():
     code = ("import sys; sys.path[:0] = [%r, %r]; import test_bad_input_datapath as t; "
             "print(t.object_dtype_scenario())" % (str(Path(__file__).parent), str(Path(__file__).parents[1])))

@@ -23,6 +23,7 @@ from gpuctl.datapath.protocol import (
     MAGIC,
     PROTOCOL_VERSION,
     FrameType,
+    array_meta,
     encode_meta,
     hello_meta,
     pack_header,
@@ -274,17 +275,13 @@ def test_get_reports_queued_error_then_recovers(two_leases):
         c.close()
 
 
-def test_bad_array_frame_from_worker_loses_connection():
-    """A client refuses an ARRAY whose metadata does not match its payload (a broken or hostile
-    worker): WorkerLostError naming the field, and every later call says so too."""
-    from gpuctl.datapath.protocol import array_meta
-
+def _fake_worker_answering(reply: bytes) -> tuple[socket.socket, threading.Thread]:
+    """A listening fake worker: WELCOME to the HELLO, then `reply` (raw bytes) to the first GET."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
-    port = srv.getsockname()[1]
 
-    def fake_worker():
+    def serve():
         s, _ = srv.accept()
         with s:
             hdr = recv_header(s)
@@ -292,15 +289,47 @@ def test_bad_array_frame_from_worker_loses_connection():
             s.recv(hdr.payload_len)
             send_frame(s, FrameType.WELCOME, {"protocol": PROTOCOL_VERSION, "executor": "numpy", "quota_bytes": 1})
             s.recv(28)  # the GET
-            am = array_meta(1, 11, (4,))  # 4 float64 = 32 bytes, but the header says 8
-            s.sendall(pack_header(FrameType.ARRAY, len(am), 8) + am + bytes(8))
+            s.sendall(reply)
             s.recv(1)
 
-    t = threading.Thread(target=fake_worker, daemon=True)
+    t = threading.Thread(target=serve, daemon=True)
     t.start()
+    return srv, t
+
+
+def _reply(meta: dict, payload: bytes = b"") -> bytes:
+    m = encode_meta(meta)
+    return pack_header(FrameType.REPLY, len(m), len(payload)) + m + payload
+
+
+@pytest.mark.parametrize(
+    "reply, message",
+    [
+        (lambda: pack_header(FrameType.ARRAY, 18, 8) + array_meta(1, 11, (4,)) + bytes(8),
+         r"ARRAY: shape \(4,\) of float64 is not header.payload_len 8 bytes"),
+        (lambda: pack_header(FrameType.ARRAY, 26, 0) + array_meta(1, 10, (0, 2**64 - 1)),
+         r"ARRAY meta.shape: dimension 18446744073709551615 \(limit 68719476736\)"),
+        (lambda: _reply({"results": [{"shape": [2], "dtype": "O"}]}, b"A" * 16),
+         r"REPLY: get result dtype 'O' is not a wire dtype"),
+        (lambda: _reply({"results": [{"shape": [-1], "dtype": "int8"}]}, b"A"),
+         r"REPLY: get result shape \[-1\] is not at most 32 dims"),
+        (lambda: _reply({"results": [{"shape": [2], "dtype": "float64"}]}, bytes(8)),
+         r"REPLY: shape \(2,\) of float64 is not header.payload_len 8 bytes"),
+        (lambda: _reply({"results": {"x": 1}}), "REPLY: results must be a list and error an object or null"),
+        (lambda: _reply({"results": [None], "error": "boom"}), "REPLY: results must be a list and error an object"),
+        (lambda: _reply({"results": [None]}, bytes(8)), "REPLY: 8 payload bytes with no array to receive"),
+    ],
+    ids=["array_payload", "array_dim", "reply_object_dtype", "reply_negative_dim", "reply_payload",
+         "reply_results", "reply_error", "reply_stray_payload"],
+)
+def test_bad_answer_from_worker_loses_connection(reply, message):
+    """The client treats what a broken or spoofed worker sends as data: a frame that does not add
+    up (or names dtype 'O', which would make received bytes into pointers) is WorkerLostError
+    naming the field, and every later call says so too; no array is handed back."""
+    srv, t = _fake_worker_answering(reply())
     try:
-        c = Connection(parse_attach(f"tcp://127.0.0.1:{port}?lease=L&token=00"))
-        with pytest.raises(WorkerLostError, match=r"ARRAY: shape \(4,\) of float64 is not header.payload_len 8 bytes"):
+        c = Connection(parse_attach(f"tcp://127.0.0.1:{srv.getsockname()[1]}?lease=L&token=00"))
+        with pytest.raises(WorkerLostError, match=message):
             c.get(1)
         with pytest.raises(WorkerLostError, match="lost the connection to the worker of lease L"):
             c.get(1)

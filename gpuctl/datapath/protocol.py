@@ -350,8 +350,9 @@ def parse_array_meta(buf: bytes | bytearray | memoryview, payload_len: int,
                      limits: Limits = DEFAULT_LIMITS) -> tuple[int, str, tuple[int, ...]]:
     """Decode and check an ARRAY frame's metadata: (seq, dtype name, shape).
 
-    Raises ProtocolError("bad_meta") naming the field when the length, dtype code, ndim, element
-    count or payload length (must be size x itemsize) is wrong.
+    Raises ProtocolError("bad_meta"/"oversized") naming the field when the length, dtype code,
+    ndim, a dimension or the element count (each <= limits.max_elements) or the payload length
+    (must be size x itemsize) is wrong.
     """
     n = len(buf)
     if n < ARRAY_META.size:
@@ -365,6 +366,8 @@ def parse_array_meta(buf: bytes | bytearray | memoryview, payload_len: int,
     shape = DIMS[ndim].unpack_from(buf, ARRAY_META.size)
     size = 1
     for d in shape:
+        if d > limits.max_elements:  # (0, 2**64-1) has no elements but no array can have that shape
+            raise ProtocolError(f"ARRAY meta.shape: dimension {d} (limit {limits.max_elements})", "oversized")
         size *= d
     if size > limits.max_elements:
         raise ProtocolError(f"ARRAY meta.shape: {size} elements (limit {limits.max_elements})", "oversized")

@@ -14,6 +14,7 @@ gpuctl.remote._ssh).
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import ssl
@@ -348,10 +349,16 @@ class Connection:
             if ftype is not FrameType.REPLY:
                 raise ProtocolError(f"expected REPLY, got {hdr.ftype.name}")
             meta = reader.meta(hdr)
-            result = (meta.get("results") or [None])[-1]
+            results, err = meta.get("results"), meta.get("error")
+            if not isinstance(results, (list, type(None))) or not isinstance(err, (dict, type(None))):
+                raise ProtocolError("REPLY: results must be a list and error an object or null", "bad_meta")
+            result = (results or [None])[-1]
             value: Any = result
+            if name == "get" and result is not None:
+                shape, dtype = _reply_array(result, hdr.payload_len)
+            elif hdr.payload_len:
+                raise ProtocolError(f"REPLY: {hdr.payload_len} payload bytes with no array to receive", "bad_meta")
             if name == "get" and result is not None and hdr.payload_len:
-                shape, dtype = tuple(result["shape"]), np.dtype(result["dtype"])
                 if out is None or out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
                     out = np.empty(shape, dtype)
                 if out.nbytes != hdr.payload_len:
@@ -360,12 +367,11 @@ class Connection:
                 reader.read_into(memoryview(out).cast("B"), "reply payload")
                 value = out
             elif name == "get" and result is not None:
-                value = np.empty(tuple(result["shape"]), np.dtype(result["dtype"]))
+                value = np.empty(shape, dtype)
         except WorkerLostError:
             raise
         except (ProtocolError, OSError) as e:
             raise self._lose(e) from None
-        err = meta.get("error")
         if err:
             raise make_error(err)
         return value
@@ -384,6 +390,27 @@ class Connection:
                 self.sock.close()
             except OSError:
                 pass
+
+
+def _reply_array(result: Any, payload_len: int) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of a REPLY's ``get`` result, checked before any array is made: the dtype
+    one of the wire dtypes (never ``O``: an object array built from received bytes would be
+    forged pointers), the shape at most 32 non-negative ints of at most 2^36 elements, and
+    size x itemsize equal to the payload. Raises ProtocolError("bad_meta") otherwise."""
+    shape = result.get("shape") if isinstance(result, dict) else None
+    dtype = result.get("dtype") if isinstance(result, dict) else None
+    limit = _REPLY_LIMITS.max_elements
+    if dtype not in _WIRE_DTYPES:
+        raise ProtocolError(f"REPLY: get result dtype {str(dtype)[:40]!r} is not a wire dtype", "bad_meta")
+    if not (isinstance(shape, list) and len(shape) <= _REPLY_LIMITS.max_ndim
+            and all(type(d) is int and 0 <= d <= limit for d in shape) and math.prod(shape) <= limit):
+        raise ProtocolError(f"REPLY: get result shape {str(shape)[:80]} is not at most "
+                            f"{_REPLY_LIMITS.max_ndim} dims of at most {limit} elements", "bad_meta")
+    dt = np.dtype(dtype)
+    if payload_len and math.prod(shape) * dt.itemsize != payload_len:
+        raise ProtocolError(f"REPLY: shape {tuple(shape)} of {dtype} is not header.payload_len {payload_len} bytes",
+                            "bad_meta")
+    return tuple(shape), dt
 
 
 def _ssh_socket(spec: AttachSpec, ssh: Any, timeout_s: float) -> Any:
