@@ -21,6 +21,7 @@ What is measured (all on the UI thread unless said otherwise):
   source_cpu_pct  CPU time spent inside the simulated source's snapshot() (poll worker thread,
              time.thread_time): the stand-in for the network, not the console's cost.
   console_cpu_pct cpu_pct - source_cpu_pct.
+  gc_ms_per_s Python garbage collection time (any thread), ms per second of the window.
   rows_ms    fleet_rows() in the poll worker (off the UI thread), per poll.
 The first poll (which builds the table) is reported apart as first_apply_ms and left out of the
 distributions. Baselines measured in the same run: the same console on a --baseline-nodes x
@@ -33,6 +34,7 @@ Targets (issue 3, item 7): tick < 50 ms, CPU < 25 % of one core at 1 s refresh.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -137,6 +139,7 @@ def run_fleet(nodes: int, gpus_per_node: int, seconds: float, refresh_s: float, 
             if state["window"] is None:
                 # window starts after the first snapshot (table built); it ends at exit
                 state["window"] = (time.perf_counter(), _cpu_s(), time.thread_time(), TimedSource.source_cpu_s)
+                gc_state["total_s"], gc_state["count"] = 0.0, 0
                 self.set_timer(seconds, self._bench_stop)
 
         def _bench_stop(self):
@@ -150,6 +153,16 @@ def run_fleet(nodes: int, gpus_per_node: int, seconds: float, refresh_s: float, 
             )
             self.exit()
 
+    gc_state = {"t0": 0.0, "total_s": 0.0, "count": 0}
+
+    def gc_callback(phase, info):
+        if phase == "start":
+            gc_state["t0"] = time.perf_counter()
+        else:
+            gc_state["total_s"] += time.perf_counter() - gc_state["t0"]
+            gc_state["count"] += 1
+
+    gc.callbacks.append(gc_callback)
     source = TimedSource(nodes=nodes, gpus_per_node=gpus_per_node, history_warmup_samples=0)
     app = BenchApp(source, refresh_s=refresh_s, theme_dirs=[REPO_THEMES_DIR])
     app.run(headless=True, size=size)
@@ -186,6 +199,8 @@ def run_fleet(nodes: int, gpus_per_node: int, seconds: float, refresh_s: float, 
         "ui_cpu_pct": round(ui_cpu_s / wall_s * 100.0, 1),
         "source_cpu_pct": round(source_cpu_s / wall_s * 100.0, 1),
         "console_cpu_pct": round((cpu_s - source_cpu_s) / wall_s * 100.0, 1),
+        "gc_ms_per_s": round(gc_state["total_s"] * 1000.0 / wall_s, 2),
+        "gc_collections": gc_state["count"],
     }
 
 

@@ -17,6 +17,7 @@ notice covers the screens.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 import threading
@@ -50,6 +51,12 @@ from gpuctl.widgets.palette import Palette, build_palette
 
 #: SM utilization values kept per GPU for the fleet table's sparkline (one per poll).
 SPARK_POINTS = 60
+
+#: Python GC thresholds while the console runs (gc.set_threshold). Each poll of a large fleet
+#: allocates ~100k short-lived objects; with Python's default (700, 10, 10) that meant ~40 ms of
+#: collections a second and 70 ms full collections inside refresh ticks at 1024 GPUs
+#: (bench/console.py, bench/RESULTS.md). The previous thresholds are restored on exit.
+CONSOLE_GC_THRESHOLD = (50_000, 20, 10)
 
 
 class SnapshotArrived(Message):
@@ -154,6 +161,8 @@ class GpuctlApp(App[None]):
         return dict(GPUCTL_VARIABLES)
 
     def on_mount(self) -> None:
+        self._gc_threshold = gc.get_threshold()
+        gc.set_threshold(*CONSOLE_GC_THRESHOLD)
         self.theme = self._initial_theme
         self.palette = build_palette(self.get_css_variables(), self.source.departments)
         self._install_board()
@@ -374,6 +383,8 @@ class GpuctlApp(App[None]):
     def on_unmount(self) -> None:
         if self._poll_timer is not None:
             self._poll_timer.stop()
+        if getattr(self, "_gc_threshold", None):
+            gc.set_threshold(*self._gc_threshold)
 
 
 def build_app(

@@ -795,6 +795,20 @@ async def test_fleet_table_fast_cells_render_like_datatable():
         assert strip is not None
 
 
+async def test_gc_thresholds_raised_while_running_and_restored(source):
+    import gc
+
+    from gpuctl.app import CONSOLE_GC_THRESHOLD
+
+    before = gc.get_threshold()
+    assert before != CONSOLE_GC_THRESHOLD
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        assert gc.get_threshold() == CONSOLE_GC_THRESHOLD
+    assert gc.get_threshold() == before
+
+
 # -- sizes (case tui-01) ------------------------------------------------------------------------
 
 

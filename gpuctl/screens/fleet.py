@@ -20,7 +20,7 @@ from operator import is_not
 from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import DataTable, Input, Static
+from textual.widgets import DataTable, Footer, Input, Static
 from textual.widgets.data_table import ColumnKey
 from rich.text import Text
 
@@ -86,14 +86,14 @@ class FleetScreen(GpuctlScreen):
             id="fleet-table", cursor_type="row", zebra_stripes=True, cursor_foreground_priority="renderable"
         )
         yield Static("", id="fleet-empty")
-        yield Input(placeholder="filter: node, department, GPU, state…", id="filter")
+        # the filter Input is mounted after the screen is on the stack (see filter_input)
 
     @property
     def table(self) -> DataTable:
         return self.query_one("#fleet-table", DataTable)
 
     def on_mount(self) -> None:
-        self.query_one("#filter", Input).cursor_blink = False
+        self.call_after_refresh(self.filter_input)
         self._set_layout(layout_for(self.app.size.width - SCROLLBAR_CELLS))
         self.table.focus()
 
@@ -181,10 +181,24 @@ class FleetScreen(GpuctlScreen):
 
     # -- filter ----------------------------------------------------------------------------------
 
+    def filter_input(self) -> Input:
+        """The `/` filter Input, mounted (above the footer) on first use. Not composed with the
+        screen: this is the base screen of the app's "fleet" mode, composed before it is on the
+        screen stack, and on Python >= 3.12 (Textual 8.2.8) an Input mounted then asks the app
+        for its screen and stops the app with ScreenStackError("No screens on stack")."""
+        found = self.query("#filter")
+        if found:
+            return found.first(Input)
+        inp = Input(placeholder="filter: node, department, GPU, state…", id="filter")
+        inp.cursor_blink = False
+        footers = self.query(Footer)
+        self.mount(inp, before=footers.first() if footers else None)
+        return inp
+
     def set_filter(self, text: str) -> None:
         """Show only rows whose search text contains `text` (case-insensitive)."""
         self.filter_text = text
-        inp = self.query_one("#filter", Input)
+        inp = self.filter_input()
         if inp.value != text:
             inp.value = text
         inp.set_class(bool(text), "-active")
@@ -193,12 +207,12 @@ class FleetScreen(GpuctlScreen):
             self.show_snapshot(snapshot)
 
     def action_filter(self) -> None:
-        inp = self.query_one("#filter", Input)
+        inp = self.filter_input()
         inp.add_class("-editing")
         inp.focus()
 
     def action_clear_filter(self) -> None:
-        inp = self.query_one("#filter", Input)
+        inp = self.filter_input()
         inp.remove_class("-editing")
         self.set_filter("")
         self.table.focus()
