@@ -313,6 +313,9 @@ def main() -> None:
                     help="skip GEMM shapes above this many GFLOP per product (default: none on cupy, 5 on numpy)")
     ap.add_argument("--transfer-mib", type=int, default=256)
     ap.add_argument("--quota-gib", type=float, default=None, help="lease quota (default 100 on cupy, 4 on numpy)")
+    ap.add_argument("--fractional-reps", type=int, default=None,
+                    help="GEMM products per lease in the fractional figure (1500 on cupy: seconds long, so start "
+                         "skew and the tail of the last lease weigh little; 20 on numpy)")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: gemm,small,rtt,transfer,fractional")
     ap.add_argument("--out", default=None, help="JSON file (default bench/datapath-<executor>.json); the table "
                                                 "goes beside it (.txt)")
@@ -434,7 +437,7 @@ def main() -> None:
     def fractional_section() -> None:
         size = 8192 if args.executor == "cupy" else 256
         dtype = "float16" if args.executor == "cupy" else "float32"
-        freps = 300 if args.executor == "cupy" else 20
+        freps = args.fractional_reps or (1500 if args.executor == "cupy" else 20)
         full = bench_fractional(args.executor, gpu, quota, 1, size, freps, dtype)
         res["fractional"] = {"size": size, "dtype": dtype, "products_per_lease": freps, "full_products_per_s": full}
         for n in (2, 4):
