@@ -278,7 +278,7 @@ class BoardScreen(GpuctlScreen):
         if not parts:
             parts.append("drag a card onto a column, or select (space) and press m")
         try:
-            self.query_one("#board-status", Static).update(" · ".join(parts))
+            self.query_one("#board-status", Static).update(" · ".join(parts), layout=False)  # one row, fixed
         except Exception:  # noqa: BLE001 - before compose
             pass
 

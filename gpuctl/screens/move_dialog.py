@@ -20,13 +20,20 @@ DIALOG_CSS = """
 MoveConfirmScreen, DepartmentPickerScreen { align: center middle; }
 MoveConfirmScreen > #dialog, DepartmentPickerScreen > #dialog {
     width: 72; max-width: 100%; height: auto; max-height: 100%;
-    padding: 0 1; background: $surface; border: thick $accent;
+    padding: 1 2; background: $surface; border: round $accent;
+    border-title-color: $accent; border-title-style: bold;
 }
 #dialog > .dialog-text { height: auto; margin: 0 0 1 0; }
 #dialog > .dialog-lease { height: auto; margin: 0 0 1 0; color: $warning; }
 #dialog > #dialog-buttons { height: auto; align-horizontal: right; }
 #dialog Button { margin: 0 0 0 1; min-width: 10; }
 #dialog OptionList { height: auto; max-height: 12; }
+"""
+
+#: The board shows through, dimmed. (User-level CSS with a class: the app's stylesheet gives every
+#: Screen an opaque background, which would beat a DEFAULT_CSS rule and hide the board.)
+DIALOG_SCREEN_CSS = """
+Screen.board-dialog { background: $background 60%; }
 """
 
 
@@ -38,6 +45,8 @@ class MoveConfirmScreen(ModalScreen[str | None]):
     """
 
     DEFAULT_CSS = DIALOG_CSS
+    CSS = DIALOG_SCREEN_CSS
+    SCOPED_CSS = False  # the rule is about the screen itself
     BINDINGS = [
         Binding("escape,n", "choose('cancel')", "Cancel"),
         Binding("y", "choose('refuse')", "Move", show=False),
@@ -46,7 +55,7 @@ class MoveConfirmScreen(ModalScreen[str | None]):
     ]
 
     def __init__(self, summary: str, leased_owners: list[str] | None = None):
-        super().__init__()
+        super().__init__(classes="board-dialog")
         self.summary = summary
         self.leased_owners = list(leased_owners or [])
 
@@ -98,10 +107,12 @@ class DepartmentPickerScreen(ModalScreen[str | None]):
     cancels."""
 
     DEFAULT_CSS = DIALOG_CSS
+    CSS = DIALOG_SCREEN_CSS
+    SCOPED_CSS = False  # the rule is about the screen itself
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, what: str, departments: list[str]):
-        super().__init__()
+        super().__init__(classes="board-dialog")
         self.what = what
         self.departments = list(departments)
 

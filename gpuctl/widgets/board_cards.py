@@ -214,6 +214,7 @@ class CardList(Draggable, ScrollView, can_focus=True):
         self._cache: dict[tuple, tuple[Strip, Strip]] = {}
         self._colors: CardColors | None = None
         self._palette: object = None
+        self._paint: tuple[int, Style, int] | None = None  # (width, style, scroll_y) during render_lines
         #: Cards drawn (card rows built, not cache hits) since creation: for tests and benchmarks.
         self.cards_drawn = 0
 
@@ -241,11 +242,14 @@ class CardList(Draggable, ScrollView, can_focus=True):
         else keeps its position (clamped). Repaints only when something changed (rows are
         re-drawn only for cards in view). Returns True when something changed."""
         views = list(views)
-        if views == self._views:
+        old = self._views
+        if views == old:
             return False
         keep = self.cursor_id
+        cursor = self.cursor
         self._views = views
-        self._index = {v.slice_id: i for i, v in enumerate(views)}
+        if len(views) != len(old) or any(a.slice_id != b.slice_id for a, b in zip(views, old)):
+            self._index = {v.slice_id: i for i, v in enumerate(views)}
         if keep is not None and keep in self._index:
             self.cursor = self._index[keep]
         else:
@@ -253,8 +257,22 @@ class CardList(Draggable, ScrollView, can_focus=True):
         height = len(views) * CARD_PITCH - 1 if views else 0
         if self.virtual_size.height != height:
             self.virtual_size = Size(0, height)
-        self.refresh()
+            self.refresh()
+        elif self.cursor != cursor:
+            self.refresh()
+        else:  # same cards and cursor: repaint only when a card in view changed
+            first, last = self.cards_in_view()
+            if views[first:last] != old[first:last]:
+                self.refresh()
         return True
+
+    def cards_in_view(self) -> tuple[int, int]:
+        """Indices [first, last) of the cards at least partly in view."""
+        top = round(self.scroll_y)
+        height = self.scrollable_content_region.height
+        first = max(0, top // CARD_PITCH)
+        last = min(len(self._views), (top + height) // CARD_PITCH + 1)
+        return first, last
 
     def clear_cache(self) -> None:
         """Forget drawn rows and colors (after a theme change)."""
@@ -364,10 +382,19 @@ class CardList(Draggable, ScrollView, can_focus=True):
             self.cards_drawn += 1
         return rows
 
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # Once per paint, not per line: the widget's style (walks the ancestors) and width.
+        self._paint = (self.scrollable_content_region.width, self.rich_style, round(self.scroll_y))
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._paint = None
+
     def render_line(self, y: int) -> Strip:
-        width = self.scrollable_content_region.width
-        line = y + round(self.scroll_y)
+        paint = self._paint or (self.scrollable_content_region.width, self.rich_style, round(self.scroll_y))
+        width, style, top = paint
+        line = y + top
         index, row = divmod(line, CARD_PITCH)
         if row >= CARD_HEIGHT or index >= len(self._views) or line < 0:
-            return Strip.blank(width, self.rich_style)
+            return Strip.blank(width, style)
         return self.card_rows(index, width)[row]

@@ -73,6 +73,7 @@ class DepartmentColumn(DropTarget, Vertical):
         self.border_title = department
         self.body = CardList(department, marks, classes="column-body")
         self._totals_text: str | None = None
+        self._subtitle: str | None = None
 
     def compose(self) -> ComposeResult:
         yield Static("", classes="column-totals", markup=False)
@@ -89,9 +90,12 @@ class DepartmentColumn(DropTarget, Vertical):
         if text == self._totals_text:
             return
         self._totals_text = text
-        self.border_subtitle = f"{totals.slices} slice{'s' if totals.slices != 1 else ''}"
+        subtitle = f"{totals.slices} slice{'s' if totals.slices != 1 else ''}"
+        if subtitle != self._subtitle:  # a border change repaints the whole column
+            self._subtitle = subtitle
+            self.border_subtitle = subtitle
         try:
-            self.query_one(".column-totals", Static).update(text)
+            self.query_one(".column-totals", Static).update(text, layout=False)  # fixed size: no layout pass
         except Exception:  # noqa: BLE001 - not composed yet: on_mount shows it
             pass
 

@@ -22,9 +22,12 @@ from gpuctl.widgets import format as fmt
 UTIL_WINDOW_S = 60.0
 
 
-@dataclass(frozen=True)
+@dataclass(eq=True, unsafe_hash=True, slots=True)
 class SliceView:
-    """One slice as a board card shows it.
+    """One slice as a board card shows it. Treat it as immutable (make changed copies with
+    dataclasses.replace): it is hashed by value, and the board's card lists key their drawn rows
+    by it. (Not frozen=True only because a frozen dataclass takes ~4x longer to build, and the
+    board builds one per slice per snapshot: 1664 at 1024 GPUs.)
 
     slice_id: the slice's id ("<gpu-uuid>/<k>"). node: node name. gpu_index, gpu_uuid: the GPU
     holding it (NVML index and UUID). fraction: 1, 0.5, 0.25 or 0.125 of the GPU.
@@ -65,29 +68,26 @@ def slice_views(snapshot: model.FleetSnapshot | None) -> list[SliceView]:
     if snapshot is None:
         return []
     out: list[SliceView] = []
+    append = out.append
+    view = SliceView
     for node in snapshot.nodes:
         if not node.reachable:
             continue
         owners = {lease.id: lease.owner for lease in node.leases}
+        name = node.name
         for gpu in sorted(node.gpus, key=lambda g: g.identity.index):
             sample = gpu.sample
+            identity = gpu.identity
+            index, uuid = identity.index, identity.uuid
+            error = sample.error if sample is not None else None
+            util = None if sample is None or error else sample.sm_util_pct
             for s in gpu.slices:
-                out.append(
-                    SliceView(
-                        slice_id=s.id,
-                        node=node.name,
-                        gpu_index=gpu.identity.index,
-                        gpu_uuid=gpu.identity.uuid,
-                        fraction=s.fraction,
-                        memory_quota_bytes=s.memory_quota_bytes,
-                        department=s.department,
-                        lease_id=s.lease_id,
-                        lease_owner=owners.get(s.lease_id) if s.lease_id else None,
-                        sm_util_pct=None if sample is None or sample.error else sample.sm_util_pct,
-                        gpu_error=sample.error if sample is not None else None,
-                        pending_to=(s.pending or {}).get("to"),
-                    )
-                )
+                lease = s.lease_id
+                pending = s.pending
+                # positional, in field order (a third faster than keywords for ~1700 slices)
+                append(view(s.id, name, index, uuid, s.fraction, s.memory_quota_bytes, s.department, lease,
+                            owners.get(lease) if lease else None, util, error,
+                            pending.get("to") if pending else None))
     return out
 
 
@@ -117,6 +117,7 @@ class UtilWindow:
             raise ValueError(f"UtilWindow: window_s must be > 0 seconds, got {window_s!r}")
         self.window_s = float(window_s)
         self._samples: dict[str, deque[tuple[float, float]]] = {}
+        self._sums: dict[str, float] = {}  # running sum of each ring's values (mean in O(1))
         self._latest_s = 0.0
 
     def add(self, snapshot: model.FleetSnapshot) -> None:
@@ -127,22 +128,32 @@ class UtilWindow:
                 s = gpu.sample
                 if s is None or s.error or s.sm_util_pct is None:
                     continue
-                ring = self._samples.setdefault(gpu.identity.uuid, deque())
+                uuid = gpu.identity.uuid
+                ring = self._samples.get(uuid)
+                if ring is None:
+                    ring = self._samples[uuid] = deque()
+                    self._sums[uuid] = 0.0
                 if ring and ring[-1][0] >= s.timestamp_s:
                     continue
-                ring.append((s.timestamp_s, float(s.sm_util_pct)))
-                self._latest_s = max(self._latest_s, s.timestamp_s)
+                value = float(s.sm_util_pct)
+                ring.append((s.timestamp_s, value))
+                self._sums[uuid] += value
+                if s.timestamp_s > self._latest_s:
+                    self._latest_s = s.timestamp_s
         cutoff = self._latest_s - self.window_s
-        for ring in self._samples.values():
-            while ring and ring[0][0] < cutoff:
-                ring.popleft()
+        for uuid, ring in self._samples.items():
+            if ring and ring[0][0] < cutoff:
+                while ring and ring[0][0] < cutoff:
+                    ring.popleft()
+                # re-sum what is left (no drift from adding and subtracting floats)
+                self._sums[uuid] = sum(v for _, v in ring)
 
     def mean(self, gpu_uuid: str) -> float | None:
         """Mean SM utilization (%) of that GPU over the window, None when no reading is in it."""
         ring = self._samples.get(gpu_uuid)
         if not ring:
             return None
-        return sum(v for _, v in ring) / len(ring)
+        return self._sums[gpu_uuid] / len(ring)
 
     def count(self, gpu_uuid: str) -> int:
         """How many samples of that GPU are in the window."""
@@ -179,21 +190,33 @@ def column_totals(views: Sequence[SliceView], window: UtilWindow | None = None) 
     """Totals of one column's slices. SM utilization: each slice's GPU mean over `window` (or the
     latest reading when the window has none / no window is given), averaged over the slices
     that have one."""
-    utils: list[float] = []
+    util_sum, util_n = 0.0, 0
+    means: dict[str, float | None] = {}
+    gpus = 0.0
+    memory = busy = 0
     for v in views:
-        u = window.mean(v.gpu_uuid) if window is not None else None
+        uuid = v.gpu_uuid
+        if uuid in means:
+            u = means[uuid]
+        else:
+            u = window.mean(uuid) if window is not None else None
+            means[uuid] = u
         if u is None:
             u = v.sm_util_pct
         if u is not None:
-            utils.append(u)
-    busy = sum(1 for v in views if v.leased)
+            util_sum += u
+            util_n += 1
+        gpus += v.fraction
+        memory += v.memory_quota_bytes
+        if v.lease_id is not None:
+            busy += 1
     return ColumnTotals(
         slices=len(views),
-        gpu_equivalents=sum(v.fraction for v in views),
-        memory_quota_bytes=sum(v.memory_quota_bytes for v in views),
+        gpu_equivalents=gpus,
+        memory_quota_bytes=memory,
         busy=busy,
         idle=len(views) - busy,
-        mean_sm_util_pct=sum(utils) / len(utils) if utils else None,
+        mean_sm_util_pct=util_sum / util_n if util_n else None,
     )
 
 
