@@ -108,6 +108,9 @@ class Plan:
     skipped: dict[str, str] = field(default_factory=dict)
     generations: dict[str, int] = field(default_factory=dict)
     replay_complete: bool = False
+    #: exit code when nothing could be planned: NOTHING_TO_DO (too few idle slices), CONFLICT
+    #: (a named slice is leased or owned by another department), USAGE (no such slice)
+    shortfall_code: ExitCode = ExitCode.NOTHING_TO_DO
 
     @property
     def gpu_equivalents(self) -> float:
@@ -131,7 +134,7 @@ class ReassignResult:
         NOTHING_TO_DO when nothing could be planned; PARTIAL when some nodes failed after others
         moved; CONFLICT / UNREACHABLE when every node failed for that reason."""
         if not self.plan.moves:
-            return ExitCode.OK if self.plan.replay_complete else ExitCode.NOTHING_TO_DO
+            return ExitCode.OK if self.plan.replay_complete else self.plan.shortfall_code
         if self.failed:
             if self.moved or self.pending:
                 return ExitCode.PARTIAL
@@ -190,7 +193,9 @@ def candidates(snapshot: FleetSnapshot, req: ReassignRequest) -> tuple[list[Move
             continue
         for gpu in node.gpus:
             why = _gpu_usable(gpu)
-            owned = [s for s in gpu.slices if s.department == req.src and s.pending is None]
+            # a slice waiting to drain may still be revoked (the admin chose to end the lease now)
+            owned = [s for s in gpu.slices if s.department == req.src
+                     and (s.pending is None or (req.leased == "revoke" and s.leased))]
             if why:
                 if owned:
                     skipped[f"{node.name} GPU {gpu.identity.index}"] = why
@@ -230,13 +235,18 @@ def plan(snapshot: FleetSnapshot, req: ReassignRequest, already: list[Move] | No
         if missing:
             owners = {s.id: (n.name, s) for n in snapshot.nodes for s in n.slices()}
             reasons = []
+            p.shortfall_code = ExitCode.CONFLICT
             for sid in missing:
                 if sid not in owners:
                     reasons.append(f"{sid}: no such slice in the fleet")
+                    p.shortfall_code = ExitCode.USAGE
                 else:
                     _, s = owners[sid]
                     if s.department != req.src:
                         reasons.append(f"{sid}: owned by {s.department}, not {req.src}")
+                    elif s.pending is not None:
+                        reasons.append(f"{sid}: already waiting to move to {s.pending.get('to')} when lease "
+                                       f"{s.lease_id} ends (use --revoke to move it now)")
                     elif s.leased:
                         reasons.append(f"{sid}: leased by {s.lease_id} (use --drain or --revoke)")
                     else:
@@ -283,15 +293,30 @@ def new_request_id() -> str:
     return "r-" + uuidlib.uuid4().hex[:12]
 
 
-def recorded_moves(fleet: FleetClient, snapshot: FleetSnapshot, request_id: str) -> tuple[list[Move], set[str]]:
-    """Moves already made under `request_id` on reachable nodes, and the nodes that made them."""
+def recorded_moves(fleet: FleetClient, snapshot: FleetSnapshot,
+                   req: ReassignRequest) -> tuple[list[Move], set[str]]:
+    """Moves already made under req.request_id on reachable nodes, and the nodes that made them.
+
+    Raises ReassignError when a node recorded that request id for something else (another kind
+    of request, or moves between other departments): a request id names one request, and a re-run
+    must ask for the same thing.
+    """
+    request_id = req.request_id or ""
     reachable = [n.name for n in snapshot.nodes if n.reachable]
     res = fleet.fan_out(lambda c: c.request_result(request_id), reachable)
     moves: list[Move] = []
     nodes: set[str] = set()
-    for name, answer in res.values.items():
+    for name, answer in sorted(res.values.items()):
         if not answer:
             continue
+        if "moved" not in answer:
+            raise ReassignError(f"--request-id {request_id}: node {name} recorded it for another kind of "
+                                f"request; use a new request id")
+        for m in answer.get("moves") or []:
+            if (m.get("from"), m.get("to")) != (req.src, req.dst):
+                raise ReassignError(
+                    f"--request-id {request_id}: already used on node {name} to move slices "
+                    f"{m.get('from')} -> {m.get('to')}, not {req.src} -> {req.dst}; use a new request id")
         nodes.add(name)
         node = snapshot.node(name)
         index = {s.id: (g.identity.index, s.fraction) for g in (node.gpus if node else []) for s in g.slices}
@@ -312,7 +337,7 @@ def prepare(fleet: FleetClient, req: ReassignRequest, snapshot: FleetSnapshot | 
     snap = snapshot or fleet.snapshot([req.node] if req.node else None)
     if req.node and snap.node(req.node) is None:
         raise ReassignError(f"--node: unknown node {req.node!r}")
-    already, done_nodes = recorded_moves(fleet, snap, req.request_id)
+    already, done_nodes = recorded_moves(fleet, snap, req)
     p = plan(snap, req, already, done_nodes)
     p.generations = {n.name: n.generation for n in snap.nodes}
     return p

@@ -596,3 +596,59 @@ async def test_mouse_drag_moves_the_slice_on_the_daemon(daemon):
             assert sid in board.column_slice_ids("research")
     finally:
         client.close()
+
+
+# -- department colors ---------------------------------------------------------------------------
+
+
+def test_own_color_parses_hex_names_and_theme_variables_and_leaves_dept_classes_to_css():
+    from textual.color import Color
+
+    from gpuctl.widgets.board_columns import color_class, own_color
+
+    assert own_color("#0072b2") == Color.parse("#0072b2")
+    assert own_color("dodgerblue") == Color.parse("dodgerblue")
+    assert own_color("$primary", {"primary": "#ffd700"}) == Color.parse("#ffd700")
+    assert own_color("$nope", {"primary": "#ffd700"}) is None  # unknown variable: default color
+    assert own_color("not-a-color") is None
+    assert own_color(None) is None and own_color("") is None
+    assert own_color("$dept-3") is None and own_color("dept-unassigned") is None  # CSS classes
+    assert color_class("x", 2, "$dept-5") == "dept-5"
+    assert color_class("x", 9, "#0072b2") == "dept-1"  # the class stays, the own color wins over it
+    assert color_class(model.UNASSIGNED, -1) == "dept-unassigned"
+
+
+async def test_a_department_with_a_hex_color_is_drawn_in_it_and_others_keep_the_palette():
+    from textual.color import Color
+
+    depts = [model.Department("research", color="#0072b2"), model.Department("training"),
+             model.Department("inference", color="$dept-6")]
+    src = SimulatedFleetSource(nodes=2, gpus_per_node=4, seed=1, frozen=True, departments=depts)
+    app = make_app(src)
+    blue = Color.parse("#0072b2")
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            board = await open_board(app, pilot)
+            research, training, inference = (board.column(n) for n in ("research", "training", "inference"))
+            assert research.styles.border_top == ("round", blue)
+            assert research.styles.border_left == ("round", blue)
+            assert research.styles.border_title_color == blue
+            variables = app.get_css_variables()
+            # No own color: position in the config (training is 2nd: $dept-1); "$dept-6" by class.
+            assert training.has_class("dept-1") and training.color is None
+            assert training.styles.border_top[1] == Color.parse(variables["dept-1"])
+            assert inference.has_class("dept-6") and inference.color is None
+            assert inference.styles.border_top[1] == Color.parse(variables["dept-6"])
+            # A drag over the hex-colored column highlights it like any other, then restores it.
+            idle = next(s for s in board.column_slice_ids("training") + board.column_slice_ids("inference")
+                        if "idle" in board.card_text(s))
+            await press_card(pilot, board, idle)
+            await pilot.hover(research)
+            assert research.has_class(DROP_TARGET_CLASS)
+            assert research.styles.border_top == ("double", Color.parse(variables["accent"]))
+            await pilot.press("escape")
+            await pilot.pause()
+            assert research.styles.border_top == ("round", blue)
+            await pilot.mouse_up(research)
+    finally:
+        src.close()

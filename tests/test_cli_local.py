@@ -164,3 +164,39 @@ def test_config_without_nodes_is_a_config_error(tmp_path):
     assert r.stdout == ""
     check = run_cli("--config", str(empty), "config", "check")
     assert check.code == 0 and "0 node(s), 1 department(s)" in check.stdout
+
+
+def test_request_id_reused_for_other_departments_is_refused(fleet):
+    cfg, d1, d2 = fleet
+    first = run_cli("--config", str(cfg), "reassign", "--from", "unassigned", "--to", "training",
+                    "--count", "1", "--yes", "--request-id", "job-42")
+    assert first.code == 0, first.stderr
+    before = (daemon_slices(d1.socket_path), daemon_slices(d2.socket_path))
+    r = run_cli("--config", str(cfg), "reassign", "--from", "unassigned", "--to", "research",
+                "--count", "3", "--yes", "--request-id", "job-42")
+    assert r.code == 2
+    assert ("--request-id job-42: already used on node n1 to move slices unassigned -> training, "
+            "not unassigned -> research; use a new request id") in r.stderr
+    assert (daemon_slices(d1.socket_path), daemon_slices(d2.socket_path)) == before
+
+
+def test_daemon_refuses_a_replay_with_other_moves(fleet):
+    cfg, d1, d2 = fleet
+    with d1.client() as c:
+        st = c.get("/v1/status").json()
+        gen = st["generation"]
+        a, b = [g["slices"][0]["id"] for g in st["gpus"][:2]]
+        ok = c.post("/v1/assign", json={"request_id": "x1", "generation": gen, "leased": "refuse",
+                                        "moves": [{"slice_id": a, "from": "unassigned", "to": "research"}]})
+        assert ok.status_code == 200
+        before = c.get("/v1/slices").json()
+        again = c.post("/v1/assign", json={"request_id": "x1", "generation": gen, "leased": "refuse",
+                                           "moves": [{"slice_id": b, "from": "unassigned", "to": "research"}]})
+        assert again.status_code == 409
+        err = again.json()["error"]
+        assert err["code"] == "request_id_reused" and err["field"] == "request_id"
+        assert "already used for other moves (1 slice(s) unassigned -> research)" in err["message"]
+        assert c.get("/v1/slices").json() == before
+        same = c.post("/v1/assign", json={"request_id": "x1", "generation": gen, "leased": "refuse",
+                                          "moves": [{"slice_id": a, "from": "unassigned", "to": "research"}]})
+        assert same.status_code == 200 and same.json()["replayed"] is True

@@ -416,7 +416,8 @@ def test_assign_stale_replay_split_and_request_lookup(daemon, client):
             "moves": [{"slice_id": sid, "from": UNASSIGNED, "to": "research"}]}
     r = client.post("/v1/assign", json=body)
     assert r.status_code == 200
-    assert r.json() == {"generation": gen + 1, "moved": [sid], "pending": [], "replayed": False}
+    assert r.json() == {"generation": gen + 1, "moved": [sid], "pending": [], "replayed": False,
+                        "moves": body["moves"]}
 
     # Same generation again under a new request id: stale.
     r = client.post("/v1/assign", json={**body, "request_id": "d-assign-2"})
@@ -427,7 +428,8 @@ def test_assign_stale_replay_split_and_request_lookup(daemon, client):
 
     # Replay: recorded answer, nothing changes.
     r = client.post("/v1/assign", json=body)
-    assert r.status_code == 200 and r.json() == {"generation": gen + 1, "moved": [sid], "pending": [], "replayed": True}
+    assert r.status_code == 200 and r.json() == {"generation": gen + 1, "moved": [sid], "pending": [], "replayed": True,
+                                                 "moves": body["moves"]}
     assert client.get("/v1/requests/d-assign-1").json()["moved"] == [sid]
 
     # Wrong owner names the slice and its real owner.

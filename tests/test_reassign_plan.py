@@ -125,3 +125,23 @@ def test_exit_codes_for_failures():
     assert stale.exit_code == ExitCode.CONFLICT
     down = ReassignResult("r", p, failed={"a": (moves, NodeError("a", "refused"))})
     assert down.exit_code == ExitCode.UNREACHABLE
+
+
+def test_named_slice_problems_have_their_own_exit_codes():
+    snap = snapshot()
+    leased = plan(snap, ReassignRequest("research", "training", slice_ids=["GPU-a-3/0"]))
+    assert ReassignResult("r", leased).exit_code == ExitCode.CONFLICT
+    bogus = plan(snap, ReassignRequest("research", "training", slice_ids=["nope/0"]))
+    assert ReassignResult("r", bogus).exit_code == ExitCode.USAGE
+    assert bogus.shortfall == "nope/0: no such slice in the fleet"
+
+
+def test_revoke_takes_a_slice_already_waiting_to_drain():
+    snap = snapshot()
+    s = snap.nodes[0].gpus[3].slices[0]
+    s.pending = {"to": "training", "request_id": "earlier"}
+    drain = plan(snap, ReassignRequest("research", "training", slice_ids=[s.id], leased="drain"))
+    assert drain.moves == [] and drain.shortfall == (
+        f"{s.id}: already waiting to move to training when lease L1 ends (use --revoke to move it now)")
+    revoke = plan(snap, ReassignRequest("research", "training", slice_ids=[s.id], leased="revoke"))
+    assert [m.slice_id for m in revoke.moves] == [s.id] and revoke.moves[0].leased

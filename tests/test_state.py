@@ -228,7 +228,8 @@ def test_reconcile_keeps_slices_of_vanished_gpus(mgr, tmp_path):
 
 def test_assign_moves_bumps_generation_and_saves(mgr, tmp_path):
     ans = mgr.assign("r1", 1, [move("GPU-0/0", UNASSIGNED, "research"), move("GPU-1/0", UNASSIGNED, "sales")])
-    assert ans == {"generation": 2, "moved": ["GPU-0/0", "GPU-1/0"], "pending": [], "replayed": False}
+    assert ans == {"generation": 2, "moved": ["GPU-0/0", "GPU-1/0"], "pending": [], "replayed": False,
+                   "moves": [move("GPU-0/0", UNASSIGNED, "research"), move("GPU-1/0", UNASSIGNED, "sales")]}
     on_disk = StateStore(tmp_path).load()
     assert on_disk.generation == 2
     assert on_disk.slices["GPU-0/0"].department == "research"
@@ -293,7 +294,8 @@ def test_leased_slice_is_refused_by_default(mgr):
 def test_drain_records_pending_and_applies_when_the_lease_ends(mgr, tmp_path):
     _leased(mgr)
     ans = mgr.assign("r1", 4, [move("GPU-0/0", "research", "sales"), move("GPU-1/0", "research", "sales")], "drain")
-    assert ans == {"generation": 5, "moved": ["GPU-1/0"], "pending": ["GPU-0/0"], "replayed": False}
+    assert ans == {"generation": 5, "moved": ["GPU-1/0"], "pending": ["GPU-0/0"], "replayed": False,
+                   "moves": [move("GPU-0/0", "research", "sales"), move("GPU-1/0", "research", "sales")]}
     s = mgr.snapshot().slices["GPU-0/0"]
     assert (s.department, s.lease_id, s.pending) == ("research", "L1", {"to": "sales", "request_id": "r1"})
     assert mgr.remove_lease("L1") == ["GPU-0/0"]

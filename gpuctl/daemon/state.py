@@ -469,6 +469,22 @@ class NodeStateManager:
             )
         return {**copy.deepcopy(entry["answer"]), "replayed": True}
 
+    @staticmethod
+    def _check_same_moves(request_id: str, recorded: dict[str, Any], moves: list[dict[str, str]]) -> None:
+        """A replayed assign must ask for the moves it recorded (answers recorded before the
+        "moves" field existed are not checked). Raises RequestIdReused naming the original."""
+        before = recorded.get("moves")
+        if before is None:
+            return
+        key = lambda ms: sorted((m["slice_id"], m["from"], m["to"]) for m in ms)  # noqa: E731
+        if key(before) != key(moves):
+            first = before[0] if before else {"from": "?", "to": "?"}
+            raise RequestIdReused(
+                f"request id {request_id!r} was already used for other moves ({len(before)} slice(s) "
+                f"{first['from']} -> {first['to']}); use a new request id",
+                field="request_id",
+            )
+
     def _check_generation(self, generation: int) -> None:
         if generation != self._state.generation:
             raise StaleGeneration(generation, self._state.generation)
@@ -523,6 +539,7 @@ class NodeStateManager:
         with self._lock:
             replay = self._replay(request_id, "assign")
             if replay is not None:
+                self._check_same_moves(request_id, replay, moves)
                 return replay
             self._check_generation(generation)
             if leased_mode not in LEASED_MODES:
@@ -563,7 +580,8 @@ class NodeStateManager:
                 s.pending = None
                 moved.append(sid)
             answer = {"generation": self._state.generation + 1, "moved": moved, "pending": pending,
-                      "replayed": False}
+                      "replayed": False,
+                      "moves": [{"slice_id": m["slice_id"], "from": m["from"], "to": m["to"]} for m in moves]}
             self._record(new, request_id, "assign", answer)
             self._commit(new)
             return answer
