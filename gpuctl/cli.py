@@ -81,18 +81,24 @@ def build_parser() -> argparse.ArgumentParser:
     c = csub.add_parser("path", help="print where the fleet config is looked for")
     _add_globals(c, top=False)
 
-    p = verb("demo", "start 4 simulated node daemons and open the console on them")
+    p = verb("demo", "start simulated node daemons (gpuctld --backend simulated) and open the console on them")
     p.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4)")
     p.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
     p.add_argument("--seed", type=int, default=0, help="simulation seed (default 0)")
     p.add_argument("--no-console", action="store_true",
-                   help="start the daemons, print the config path and wait (Ctrl-C stops them)")
-    p.add_argument("--readonly", action="store_true", default=argparse.SUPPRESS)
-    p.add_argument("--theme", metavar="NAME", default=argparse.SUPPRESS)
+                   help="start the daemons, print the config path and wait (Ctrl-C or SIGTERM stops them)")
+    p.add_argument("--write-config", metavar="FILE",
+                   help="also write the demo fleet's config to FILE (use it with --config or GPUCTL_CONFIG)")
+    p.add_argument("--readonly", action="store_true", default=argparse.SUPPRESS,
+                   help="console: no reassignment possible (a badge says so)")
+    p.add_argument("--theme", metavar="NAME", default=argparse.SUPPRESS,
+                   help="console theme: gpuctl-dark (default), gpuctl-light, high-contrast")
 
     p = verb("console", "open the console (same as bare gpuctl)")
-    p.add_argument("--readonly", action="store_true", default=argparse.SUPPRESS)
-    p.add_argument("--theme", metavar="NAME", default=argparse.SUPPRESS)
+    p.add_argument("--readonly", action="store_true", default=argparse.SUPPRESS,
+                   help="no reassignment possible (a badge says so)")
+    p.add_argument("--theme", metavar="NAME", default=argparse.SUPPRESS,
+                   help="gpuctl-dark (default), gpuctl-light, high-contrast")
 
     from gpuctl.leases_cli import add_lease_verbs  # lease, release, leases, run
 
@@ -135,14 +141,28 @@ def _na(v: Any, fmt: str = "{}") -> str:
 
 
 def _load_config(args: argparse.Namespace):
-    from gpuctl.config import default_config_path, load_config
+    from gpuctl.config import load_config
 
-    path = Path(args.config) if getattr(args, "config", None) else default_config_path()
+    path, origin = config_path(args)
     if not path.exists():
+        hint = ("" if origin == "--config" else
+                " or pass --config FILE (or set GPUCTL_CONFIG)")
         raise FileNotFoundError(
-            f"no fleet config at {path}: write one (see README 'Config file') or pass --config FILE; "
+            f"no fleet config at {path} (from {origin}): write one (see README 'Config file'){hint}; "
             f"`gpuctl demo` runs without one")
     return load_config(path)
+
+
+def config_path(args: argparse.Namespace) -> tuple[Path, str]:
+    """Where the fleet config is read from, and why: --config, then $GPUCTL_CONFIG, then
+    $XDG_CONFIG_HOME/gpuctl/fleet.toml."""
+    from gpuctl.config import default_config_path
+
+    if getattr(args, "config", None):
+        return Path(args.config), "--config"
+    if os.environ.get("GPUCTL_CONFIG"):
+        return Path(os.environ["GPUCTL_CONFIG"]), "$GPUCTL_CONFIG"
+    return default_config_path(), "the default path"
 
 
 def _fleet(args: argparse.Namespace, cfg):
@@ -250,8 +270,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         _print_status(snap, cfg)
     down = [n for n in snap.nodes if not n.reachable]
-    for n in down:
-        _err(f"unreachable: {n.error}")
+    if args.json:  # the table already shows it; with --json, say it where a human reads
+        for n in down:
+            _err(f"unreachable: {n.error}")
     return ExitCode.UNREACHABLE if down else ExitCode.OK
 
 
@@ -322,6 +343,20 @@ def _confirm(question: str) -> bool:
     return answer in ("y", "yes")
 
 
+def _print_plan(p) -> None:
+    """The planned moves, on stderr (stdout stays data), before the confirmation question."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"plan: {p.request.src} -> {p.request.dst} (request {p.request.request_id})",
+              title_justify="left")
+    for col in ("node", "GPU", "slice", "fraction", "leased"):
+        t.add_column(col, no_wrap=True)
+    for m in p.moves:
+        t.add_row(m.node, str(m.gpu_index), m.slice_id, fmt_fraction(m.fraction), "yes" if m.leased else "")
+    Console(stderr=True, highlight=False).print(t)
+
+
 def _print_reassign(result) -> None:
     from rich.table import Table
 
@@ -335,7 +370,7 @@ def _print_reassign(result) -> None:
     if rows:
         t = Table(title=f"reassign {req.src} -> {req.dst} (request {result.request_id})", title_justify="left")
         for col in ("node", "GPU", "slice", "fraction", "result"):
-            t.add_column(col)
+            t.add_column(col, no_wrap=col != "result")
         for m, what in rows:
             t.add_row(m.node, str(m.gpu_index), m.slice_id, fmt_fraction(m.fraction), what)
         con.print(t)
@@ -369,6 +404,7 @@ def cmd_reassign(args: argparse.Namespace) -> int:
                     f"{req.dst} on {', '.join(sorted({m.node for m in p.moves}))}"
                     + (f", {req.leased} {sum(m.leased for m in p.moves)} leased" if req.leased != "refuse" else "")
                     + "?")
+            _print_plan(p)
             if not _confirm(what):
                 _err("cancelled: nothing moved")
                 return ExitCode.CONFLICT
@@ -393,12 +429,10 @@ def cmd_reassign(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from gpuctl.config import default_config_path
-
     if args.config_verb == "path":
-        path = Path(args.config) if args.config else default_config_path()
+        path, origin = config_path(args)
         if args.json:
-            _emit_json({"path": str(path), "exists": path.exists()})
+            _emit_json({"path": str(path), "from": origin, "exists": path.exists()})
         else:
             print(path)
         return ExitCode.OK
@@ -422,16 +456,32 @@ def cmd_config(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- console, demo
 
 
-def run_console(fleet, *, readonly: bool = False, theme: str | None = None, refresh_s: float = 1.0) -> int:
-    """Open the Textual console on a FleetSource (blocks until the user quits)."""
-    from gpuctl.app import build_app
+def require_terminal() -> None:
+    """Raise UsageError unless stdin and the console's output (stderr, where Textual draws) are a
+    terminal: the console never takes over a pipe or a cron job's output."""
+    if not (sys.stdin.isatty() and sys.__stderr__ is not None and sys.__stderr__.isatty()):
+        raise UsageError("the console needs a terminal (stdin and stderr); for scripts use a verb with "
+                         "--json, e.g. `gpuctl status --json` (see `gpuctl --help`)")
 
-    app = build_app(fleet, readonly=readonly, theme=theme, refresh_s=refresh_s)
+
+def run_console(fleet, *, readonly: bool = False, theme: str | None = None, refresh_s: float = 1.0) -> int:
+    """Open the Textual console on a FleetSource (blocks until the user quits). Raises UsageError
+    for an unknown theme (the message lists the known ones) or without a terminal."""
+    from gpuctl.app import UnknownThemeError, build_app
+
+    require_terminal()
+    try:
+        app = build_app(fleet, readonly=readonly, theme=theme, refresh_s=refresh_s)
+    except UnknownThemeError as exc:
+        raise UsageError(f"--theme: {exc}") from None
     app.run()
+    if app.return_code not in (None, 0):
+        return ExitCode.FAILURE
     return ExitCode.OK
 
 
 def cmd_console(args: argparse.Namespace) -> int:
+    require_terminal()
     cfg = _load_config(args)
     fleet = _fleet(args, cfg)
     try:
@@ -444,9 +494,11 @@ def cmd_console(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from gpuctl.demo import run_demo
 
+    if not args.no_console:
+        require_terminal()
     return run_demo(nodes=args.nodes, gpus=args.gpus, seed=args.seed, console=not args.no_console,
                     readonly=bool(getattr(args, "readonly", False)), theme=getattr(args, "theme", None),
-                    json_out=args.json)
+                    json_out=args.json, write_config=args.write_config)
 
 
 VERBS = {"status": cmd_status, "departments": cmd_departments, "reassign": cmd_reassign,
@@ -463,7 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except UsageError as exc:
-        _err(str(exc).removeprefix("gpuctl: "))
+        print(str(exc), file=sys.stderr)  # already "gpuctl VERB: ..."
         return ExitCode.USAGE
     verb = args.verb or "console"
     try:

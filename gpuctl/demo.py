@@ -68,6 +68,8 @@ class DemoFleet:
     root: Path
     config_path: Path
     nodes: list[DemoNode] = field(default_factory=list)
+    #: copies of the config written elsewhere (--write-config), removed by stop()
+    extra_files: list[Path] = field(default_factory=list)
 
     def stop(self) -> None:
         """SIGTERM every daemon, wait up to 5 s, then SIGKILL what is left; remove the directory."""
@@ -82,6 +84,8 @@ class DemoFleet:
                 n.proc.kill()
                 n.proc.wait()
         shutil.rmtree(self.root, ignore_errors=True)
+        for extra in self.extra_files:
+            extra.unlink(missing_ok=True)
 
 
 def _wait_ready(node: DemoNode, timeout_s: float = 20.0) -> None:
@@ -197,14 +201,19 @@ def demo_fleet(nodes: int = 4, gpus: int = 8, seed: int = 0) -> Iterator[DemoFle
 
 
 def run_demo(*, nodes: int = 4, gpus: int = 8, seed: int = 0, console: bool = True,
-             readonly: bool = False, theme: str | None = None, json_out: bool = False) -> int:
-    """The `gpuctl demo` verb. Returns an ExitCode."""
+             readonly: bool = False, theme: str | None = None, json_out: bool = False,
+             write_config: str | None = None) -> int:
+    """The `gpuctl demo` verb. write_config: also copy the fleet config there (removed again when
+    the demo stops). Returns an ExitCode."""
     from gpuctl.client import FleetClient, default_transport_factory
     from gpuctl.config import load_config
 
     print(f"gpuctl demo: starting {nodes} simulated nodes x {gpus} GPUs ...", file=sys.stderr)
     with demo_fleet(nodes, gpus, seed) as fleet:
         cfg = load_config(fleet.config_path)
+        if write_config:
+            Path(write_config).write_text(fleet.config_path.read_text(encoding="utf-8"), encoding="utf-8")
+            fleet.extra_files.append(Path(write_config))
         if not console:
             info = {"config": str(fleet.config_path), "nodes": [n.name for n in fleet.nodes],
                     "pids": [n.proc.pid for n in fleet.nodes]}

@@ -266,7 +266,8 @@ def cmd_leases(args: argparse.Namespace) -> int:
 
         t = Table(title=f"{len(rows)} lease(s)", title_justify="left")
         for col in ("lease", "node", "department", "owner", "GPU", "slices", "endpoint", "expires in", "memory"):
-            t.add_column(col)
+            # ids and endpoints are copied into other commands: never cut them; the owner may wrap
+            t.add_column(col, no_wrap=col != "owner", overflow="fold" if col == "owner" else "ignore")
         now = time.time()
         for r in rows:
             usage = r.get("usage") or {}

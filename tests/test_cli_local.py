@@ -200,3 +200,43 @@ def test_daemon_refuses_a_replay_with_other_moves(fleet):
         same = c.post("/v1/assign", json={"request_id": "x1", "generation": gen, "leased": "refuse",
                                           "moves": [{"slice_id": a, "from": "unassigned", "to": "research"}]})
         assert same.status_code == 200 and same.json()["replayed"] is True
+
+
+def test_console_refuses_without_a_terminal(tmp_path):
+    cfg = tmp_path / "f.toml"
+    cfg.write_text('[[node]]\nname = "x"\ntransport = "local"\nsocket = "/nonexistent.sock"\n')
+    for args in (("--config", str(cfg)), ("demo",), ("--config", str(cfg), "console")):
+        r = run_cli(*args, timeout_s=20)
+        assert r.code == 2, (args, r.stderr)
+        assert "the console needs a terminal" in r.stderr
+        assert r.stdout == ""
+
+
+def test_gpuctl_config_env_and_missing_config_messages(tmp_path):
+    missing = tmp_path / "none.toml"
+    r = run_cli("status", env={"GPUCTL_CONFIG": str(missing)})
+    assert r.code == 3
+    assert f"no fleet config at {missing} (from $GPUCTL_CONFIG)" in r.stderr
+    r = run_cli("--config", str(missing), "status")
+    assert f"no fleet config at {missing} (from --config)" in r.stderr and "pass --config" not in r.stderr
+    r = run_cli("config", "path", "--json", env={"GPUCTL_CONFIG": str(missing)})
+    assert r.json == {"path": str(missing), "from": "$GPUCTL_CONFIG", "exists": False}
+
+
+def test_parser_errors_are_not_prefixed_twice():
+    r = run_cli("reassign", "--from", "a", "--to", "b", "--count", "1", "--gpus", "1")
+    assert r.code == 2
+    assert r.stderr.startswith("gpuctl reassign: argument --gpus: not allowed with argument --count")
+
+
+def test_unassigned_slices_cannot_be_leased(fleet):
+    cfg, d1, d2 = fleet
+    before = daemon_slices(d1.socket_path)
+    with d1.client() as c:
+        r = c.post("/v1/leases", json={"request_id": "l1", "department": "unassigned", "owner": "a@b",
+                                       "slices": 1})
+        assert r.status_code == 400
+        err = r.json()["error"]
+        assert err["field"] == "department"
+        assert "unassigned slices belong to no department and cannot be leased" in err["message"]
+    assert daemon_slices(d1.socket_path) == before

@@ -63,7 +63,7 @@ from gpuctl.daemon.state import (
     WrongOwner,
 )
 from gpuctl.leasing import best_pick, describe_amount, describe_idle, validate_amount
-from gpuctl.model import GpuIdentity, Lease, Slice
+from gpuctl.model import UNASSIGNED, GpuIdentity, Lease, Slice
 
 log = logging.getLogger("gpuctld.leases")
 
@@ -127,6 +127,9 @@ def parse_grant(data: dict[str, Any]) -> GrantRequest:
     _no_unknown(data, {"request_id", "department", "owner", "ttl_s", "slices", "slice_ids", "gpus"})
     rid = _request_id(data)
     dept = _get(data, "department", str, "department")
+    if dept.casefold() == UNASSIGNED.casefold():
+        raise ApiError(400, "invalid_field", "unassigned slices belong to no department and cannot be leased: "
+                       "reassign them to a department first", "department")
     owner = _get(data, "owner", str, "owner")
     if len(owner) > MAX_OWNER_CHARS:
         raise ApiError(400, "invalid_field", f"owner is longer than {MAX_OWNER_CHARS} characters", "owner")
