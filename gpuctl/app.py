@@ -52,11 +52,14 @@ from gpuctl.widgets.palette import Palette, build_palette
 #: SM utilization values kept per GPU for the fleet table's sparkline (one per poll).
 SPARK_POINTS = 60
 
-#: Python GC thresholds while the console runs (gc.set_threshold). Each poll of a large fleet
-#: allocates ~100k short-lived objects; with Python's default (700, 10, 10) that meant ~40 ms of
-#: collections a second and 70 ms full collections inside refresh ticks at 1024 GPUs
-#: (bench/console.py, bench/RESULTS.md). The previous thresholds are restored on exit.
-CONSOLE_GC_THRESHOLD = (50_000, 20, 10)
+#: Python GC thresholds while the console runs (gc.set_threshold): the default young
+#: generations, full collections 10x rarer. Each poll of a large fleet allocates ~100k objects
+#: that live one poll (freed by reference counting, not by the collector); with Python's default
+#: (700, 10, 10) they set off full collections of the whole heap (~70 ms at 1024 GPUs, ~36 ms of
+#: collections a second) inside refresh ticks; a larger young generation (50000) made each young
+#: collection a 20-40 ms pause instead (bench/console.py, bench/RESULTS.md). The previous
+#: thresholds are restored on exit.
+CONSOLE_GC_THRESHOLD = (700, 10, 100)
 
 
 class SnapshotArrived(Message):
