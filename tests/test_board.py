@@ -314,6 +314,27 @@ async def test_arrows_move_between_cards_and_columns(source):
         assert board.focused_slice_id == inference[0]
         await pilot.press("left")
         assert board.focused_slice_id == research[0]
+        await pilot.press("right", "end")
+        assert board.focused_slice_id == inference[-1]
+        await pilot.press("home")
+        assert board.focused_slice_id == inference[0]
+        await pilot.press("up")  # at the top: stays
+        assert board.focused_slice_id == inference[0]
+
+
+async def test_enter_opens_the_node_of_the_focused_card(source):
+    from gpuctl.screens.node_detail import NodeDetailScreen
+
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        board = await open_board(app, pilot)
+        sid = board.column_slice_ids("inference")[-1]
+        node = next(n.name for n in source.snapshot().nodes for s in n.slices() if s.id == sid)
+        assert node == "node-02"
+        board.focus_slice(sid)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, NodeDetailScreen) and app.screen.node_name == node
 
 
 async def test_drag_of_a_leased_card_offers_drain_or_revoke(source):
