@@ -515,7 +515,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except UsageError as exc:
-        print(str(exc), file=sys.stderr)  # already "gpuctl VERB: ..."
+        msg = str(exc)  # "gpuctl: ..." or "gpuctl VERB: ..." (argparse's prog)
+        print("gpuctl: " + msg.removeprefix("gpuctl: ").removeprefix("gpuctl "), file=sys.stderr)
         return ExitCode.USAGE
     verb = args.verb or "console"
     try:

@@ -226,7 +226,7 @@ def test_gpuctl_config_env_and_missing_config_messages(tmp_path):
 def test_parser_errors_are_not_prefixed_twice():
     r = run_cli("reassign", "--from", "a", "--to", "b", "--count", "1", "--gpus", "1")
     assert r.code == 2
-    assert r.stderr.startswith("gpuctl reassign: argument --gpus: not allowed with argument --count")
+    assert r.stderr.startswith("gpuctl: reassign: argument --gpus: not allowed with argument --count")
 
 
 def test_unassigned_slices_cannot_be_leased(fleet):
