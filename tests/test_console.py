@@ -795,6 +795,27 @@ async def test_fleet_table_fast_cells_render_like_datatable():
         assert strip is not None
 
 
+async def test_fleet_table_waits_while_covered_and_catches_up(source):
+    """Under an opaque screen (leases, board, node detail) the table is not updated; it shows the
+    latest snapshot as soon as it is on top again."""
+    app = make_app(source)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(app, pilot)
+        fleet = app.screen
+        t = table(app)
+        uuid = app.snapshot.nodes[0].gpus[0].uuid
+        app.run_command("leases")
+        await pilot.pause()
+        count = t._update_count
+        await poll(app, pilot)
+        assert t._update_count == count  # nothing written while covered
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is fleet
+        assert t._update_count > count
+        assert str(t.get_cell(uuid, "power")) == fmt.power(app.snapshot.nodes[0].gpus[0].sample.power_w)
+
+
 async def test_gc_thresholds_raised_while_running_and_restored(source):
     import gc
 
@@ -966,3 +987,25 @@ def test_wrap_reason_across_columns():
         "node-04 port 22",
     ]
     assert _wrap_into("a verylongword", [3, 4]) == ["a", "verylongword"]
+
+
+def test_bench_console_rejects_bad_arguments():
+    """bench/console.py: a bad --size or --seconds is refused with the flag named (exit 2)."""
+    import argparse
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "console.py"
+    spec = importlib.util.spec_from_file_location("bench_console", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench._size("80x24") == (80, 24)
+    with pytest.raises(argparse.ArgumentTypeError, match=r"--size: expected WIDTHxHEIGHT like 200x60, got 'wide'"):
+        bench._size("wide")
+    with pytest.raises(argparse.ArgumentTypeError, match="--size: width and height must be >= 1, got '0x5'"):
+        bench._size("0x5")
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--seconds", "0"])
+    assert exit_info.value.code == 2
+    assert bench._percentile([5.0, 1.0, 3.0, 2.0, 4.0], 0.5) == 3.0
+    assert bench._percentile([float(i) for i in range(1, 101)], 0.95) == 95.0

@@ -20,6 +20,7 @@ from operator import is_not
 from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, Static
 from textual.widgets.data_table import ColumnKey
 from rich.text import Text
@@ -126,6 +127,12 @@ class FleetScreen(GpuctlScreen):
         app = self.app
         layout = self.table_layout
         if layout is None:
+            return
+        top = app.screen
+        if top is not self and not isinstance(top, ModalScreen):
+            # an opaque screen (board, node detail, leases) covers the table, but Textual still
+            # counts this screen as visible: catch up when it is shown again (on_screen_resume)
+            self._stale = True
             return
         rows = filter_rows(app.rows_for(snapshot), self.filter_text, app.palette)
         keys = [r.key for r in rows]
