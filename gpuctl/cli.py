@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gpuctl.leases_cli import add_lease_verbs  # lease, release, leases, run
 
     add_lease_verbs(verb)
+    from gpuctl.bootstrap_cli import add_node_verbs  # node bootstrap
+
+    add_node_verbs(verb)
     return parser
 
 
@@ -507,6 +510,9 @@ VERBS = {"status": cmd_status, "departments": cmd_departments, "reassign": cmd_r
 from gpuctl.leases_cli import LEASE_VERBS  # noqa: E402 - the lease verbs live in their own module
 
 VERBS.update(LEASE_VERBS)
+from gpuctl.bootstrap_cli import NODE_VERBS  # noqa: E402 - node bootstrap lives in its own module
+
+VERBS.update(NODE_VERBS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

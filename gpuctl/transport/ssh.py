@@ -18,6 +18,7 @@ import shlex
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
@@ -59,6 +60,23 @@ class NodeLike(Protocol):
     transport: str
     gpuctld: str
     timeout_s: float
+
+
+@dataclass(frozen=True)
+class CompletedRemote:
+    """One command run on the node by :meth:`SshTransport.run`.
+
+    command: the command line as sent (run by the node's login shell). rc: its exit status; None
+    when the node gave none (timed out, killed by a signal, or the channel closed first). stdout,
+    stderr: everything it wrote (bytes). timed_out: it ran past its timeout_s; gpuctl closed the
+    channel (the remote process may still be running).
+    """
+
+    command: str
+    rc: int | None
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool = False
 
 
 class _StepError(Exception):
@@ -189,6 +207,82 @@ class SshTransport:
                 self._client = None
                 self._http = None
             self._drop_ssh()
+
+    def connect(self) -> None:
+        """Open the SSH connection now (it is kept for later calls). Raises TransportError."""
+        self._ensure_connected()
+
+    def run(self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None) -> CompletedRemote:
+        """Run `command` on the node (an exec channel, no terminal) and collect its output.
+
+        stdin: bytes sent to it, then end-of-file (None: end-of-file at once). timeout_s: seconds
+        it may run (default the node's timeout_s); past that the channel is closed and the result
+        has timed_out=True. A non-zero exit status is not an error: look at ``rc``. Raises
+        TransportError when the node cannot be reached or the connection is lost meanwhile.
+        """
+        limit = self.timeout_s if timeout_s is None else float(timeout_s)
+        channel = self._session()
+        out, err = bytearray(), bytearray()
+        try:
+            self._exec(channel, command)
+            deadline = time.monotonic() + limit
+            channel.settimeout(max(0.001, limit))
+            try:
+                if stdin:
+                    channel.sendall(stdin)
+                channel.shutdown_write()
+            except (socket.timeout, OSError, EOFError, paramiko.SSHException):
+                pass  # the command stopped reading; its exit status says what happened
+            while True:
+                while channel.recv_ready():
+                    out += channel.recv(65536)
+                while channel.recv_stderr_ready():
+                    err += channel.recv_stderr(65536)
+                done = channel.exit_status_ready() and (channel.eof_received or channel.closed)
+                if done and not channel.recv_ready() and not channel.recv_stderr_ready():
+                    break
+                if time.monotonic() >= deadline:
+                    return CompletedRemote(command, None, bytes(out), bytes(err), timed_out=True)
+                channel.status_event.wait(0.02)
+            status = channel.exit_status
+            if status < 0 and (self._ssh is None or not self._ssh.is_active()):
+                raise self._fail(f"connection lost while running `{command}`")
+            return CompletedRemote(command, status if status >= 0 else None, bytes(out), bytes(err))
+        finally:
+            channel.close()
+
+    def put_file(self, local_path: str | os.PathLike, remote_path: str, mode: int = 0o644) -> int:
+        """Copy the local file to `remote_path` on the node over SFTP, then set its mode; returns
+        the bytes written (checked against the remote file's size).
+
+        Raises TransportError when the node cannot be reached, OSError naming the node and path
+        when the node refuses (no SFTP subsystem, no such directory, permission denied).
+        """
+        t = self._ensure_connected()
+        where = f"node {self.node.name} ({self.address})"
+        try:
+            sftp = paramiko.SFTPClient.from_transport(t)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            if not t.is_active():
+                raise self._fail(f"connection lost opening SFTP: {exc}") from exc
+            raise OSError(f"{where}: the SSH server offers no SFTP ({exc or type(exc).__name__}); enable it "
+                          "in the node's sshd_config (Subsystem sftp internal-sftp)") from exc
+        try:
+            sftp.get_channel().settimeout(self.timeout_s)
+            try:
+                attrs = sftp.put(os.fspath(local_path), remote_path, confirm=True)
+                sftp.chmod(remote_path, mode)
+            except (socket.timeout, TimeoutError) as exc:
+                raise self._fail(f"timed out after {self.timeout_s:g} s writing {remote_path} over SFTP",
+                                 "timeout") from exc
+            except OSError as exc:
+                reason = exc.strerror or str(exc) or type(exc).__name__
+                error = OSError(f"{where}: cannot write {remote_path} over SFTP: {reason}")
+                error.errno = exc.errno
+                raise error from exc
+            return int(attrs.st_size or 0)
+        finally:
+            sftp.close()
 
     # ------------------------------------------------------------------ connection
 
@@ -412,6 +506,20 @@ class SshTransport:
                 agent.close()
 
     # ------------------------------------------------------------------ the bridge channel
+
+    def _session(self) -> paramiko.Channel:
+        """A new session channel; a dead SSH connection is re-opened once. Raises TransportError."""
+        for attempt in (1, 2):
+            t = self._ensure_connected()
+            try:
+                return t.open_session(timeout=self.timeout_s)
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                with self._lock:
+                    if self._ssh is t:
+                        self._drop_ssh()
+                if attempt == 2:
+                    raise self._fail(f"cannot open an SSH channel: {exc or type(exc).__name__}") from exc
+        raise AssertionError("unreachable")
 
     def _open_bridge_channel(self, timeout: float | None = None) -> paramiko.Channel:
         """A new exec channel running the bridge, after its ready line; raises TransportError."""
