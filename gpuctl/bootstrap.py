@@ -355,7 +355,7 @@ class Bootstrap:
 
     target, options: what and how. transport: an SshTransport (or anything with connect(), run(),
     put_file(), address and close()) for the target's node; unit_template: the unit file text
-    (deploy/gpuctld.service; needed only with options.systemd). wheel: a gpuctl wheel, or None to
+    (deploy/gpuctld.service; required with options.systemd, else ValueError). wheel: a gpuctl wheel, or None to
     build one from `source_dir`. progress: called with one line per step start/end (stderr in the CLI).
     """
 
@@ -368,6 +368,8 @@ class Bootstrap:
         self.wheel = wheel
         self.source_dir = source_dir
         self.progress = progress
+        if options.systemd and unit_template is None:
+            raise ValueError("options.systemd needs unit_template (deploy/gpuctld.service: load_unit_template())")
         self.unit_text = (render_unit(unit_template, prefix=options.prefix, backend=options.backend)
                           if options.systemd and unit_template is not None else None)
         self.socket_path = unit_socket(self.unit_text) if self.unit_text else None

@@ -461,3 +461,38 @@ def test_bootstrap_modules_are_headless():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "False"
+
+
+def test_terminal_answer_no_changes_nothing(wheel, tmp_path):
+    """On a terminal, the plan is shown and the question asked; "n" ends it with 6 and no change."""
+    import pty
+
+    master, slave = pty.openpty()
+    prefix = tmp_path / "prefix"
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), GPUCTL_CONFIG=str(tmp_path / "absent.toml"))
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "gpuctl.cli", "node", "bootstrap", "somehost", "--wheel",
+                              str(wheel), "--prefix", str(prefix), "--no-systemd"],
+                             stdin=slave, stderr=slave, stdout=subprocess.PIPE, env=env)
+        os.write(master, b"n\n")
+        out, _ = p.communicate(timeout=60)
+        os.close(slave)
+        slave = -1
+        said = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            said += chunk
+    finally:
+        os.close(master)
+        if slave != -1:
+            os.close(slave)
+    text = said.decode()
+    assert p.returncode == 6, text
+    assert "plan for node somehost:" in text and f"create or update the virtual environment {prefix}" in text
+    assert "Install gpuctl on somehost? [y/N]" in text and "cancelled: nothing was changed" in text
+    assert out == b"" and not prefix.exists()
