@@ -51,8 +51,10 @@ DEFAULT_PREFIX = "/opt/gpuctl"
 MIN_PYTHON = (3, 11)
 #: The systemd unit written on the node.
 UNIT_PATH = "/etc/systemd/system/gpuctld.service"
-#: The unit template in gpuctl's source tree (deploy/gpuctld.service).
-UNIT_TEMPLATE = Path(__file__).resolve().parent.parent / "deploy" / "gpuctld.service"
+#: The unit template: deploy/gpuctld.service of the source tree, else the copy a wheel install puts
+#: in <prefix>/share/gpuctl (pyproject's data-files).
+_SOURCE_UNIT = Path(__file__).resolve().parent.parent / "deploy" / "gpuctld.service"
+UNIT_TEMPLATE = _SOURCE_UNIT if _SOURCE_UNIT.exists() else Path(sys.prefix) / "share" / "gpuctl" / "gpuctld.service"
 #: The daemon's socket when the unit's ExecStart names none (gpuctl.daemon.paths for root).
 DEFAULT_UNIT_SOCKET = "/run/gpuctld/gpuctld.sock"
 #: Values of --backend (gpuctld serve --backend).
