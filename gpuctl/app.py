@@ -8,31 +8,49 @@ to `sm_history` (the last SPARK_POINTS values the console saw) and schedules the
 one-shot timer `refresh_s` after this one finished, so polls never pile up. Screens re-render
 from `snapshot`; nothing on the UI thread does I/O.
 
-Screens: fleet (default, `:nodes`), node detail (`:node NAME`, Enter), leases (`:leases`), help
-(`?`), the department board (`:depts`) when a screen named "board" is installed: the app installs
-gpuctl.screens.board.BoardScreen() under that name when that module exists, and a caller may
-install one with app.install_screen(screen, "board"). Below MIN_SIZE a "terminal too small"
+The blocking call runs on a daemon thread of its own (run_in_daemon_thread), not on the event
+loop's default executor where Textual's thread workers run: asyncio.run() joins that executor at
+exit, so a poll in flight (up to a node's timeout_s + 1 s with a slow node) held `q` up for
+seconds. A poll cut short by quitting is abandoned; its thread ends with the process.
+
+Screens: fleet (default, `:nodes`, the base of the stack), node detail (`:node NAME`, Enter),
+leases (`:leases`, installed as "leases"), help (`?`), the department board (`:depts`) when a
+screen named "board" is installed: the app installs gpuctl.screens.board.BoardScreen() under
+that name when that module exists, and a caller may install one with
+app.install_screen(screen, "board"). Going to the screen already on top does nothing (a second
+`l` while the leases screen is shown or still being pushed, `:node X` on X's detail); going to
+an installed screen already in the stack pops back down to it; otherwise the stack is popped to
+the fleet screen and the installed screen pushed by name. `:node` on a node detail replaces it
+(switch_screen). While one of the board's dialogs is open, the keys that change screens do
+nothing (so a dialog is never lost under a new screen). Below MIN_SIZE a "terminal too small"
 notice covers the screens.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import importlib
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from textual import events, work
 from textual.app import App
 from textual.binding import Binding
 from textual.message import Message
 from textual.reactive import var
+from textual.screen import ModalScreen
 from textual.timer import Timer
+from textual.widgets import Input
 
 from gpuctl import model
 from gpuctl.fleet_source import FleetSource
+from gpuctl.screens.base import GpuctlScreen
 from gpuctl.screens.fleet import FleetScreen
 from gpuctl.screens.help import HelpScreen
 from gpuctl.screens.leases import LeasesScreen
@@ -60,6 +78,47 @@ SPARK_POINTS = 60
 #: collection a 20-40 ms pause instead (bench/console.py, bench/RESULTS.md). The previous
 #: thresholds are restored on exit.
 CONSOLE_GC_THRESHOLD = (700, 10, 100)
+
+#: The actions of the app's own keys (GpuctlApp.BINDINGS, all priority bindings).
+KEY_ACTIONS = ("quit", "command_bar", "filter", "help", "refresh", "leases", "depts")
+
+#: While a just-pushed screen's `:` bar is not composed yet, retry opening it every BAR_RETRY_S
+#: seconds, at most BAR_RETRIES times, holding the keys typed meanwhile.
+BAR_RETRY_S = 0.01
+BAR_RETRIES = 200
+
+T = TypeVar("T")
+
+
+async def run_in_daemon_thread(fn: Callable[[], T], *, name: str = "gpuctl-io") -> T:
+    """Run the blocking `fn()` on a new daemon thread and await its result (its exception is
+    raised here). Unlike loop.run_in_executor (Textual's thread workers), nothing waits for the
+    thread when the app exits: a cancelled await abandons it, and the thread ends with the
+    process. For calls that may block for seconds and whose result is useless after quitting
+    (fleet polls)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: object, error: BaseException | None) -> None:
+        if future.done():  # the awaiting task was cancelled (app exiting, poll replaced)
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def runner() -> None:
+        try:
+            result, error = fn(), None
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
+            result, error = None, e
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop is closed: the app has exited, nobody waits
+            pass
+
+    threading.Thread(target=runner, name=name, daemon=True).start()
+    return await future
 
 
 class SnapshotArrived(Message):
@@ -98,13 +157,20 @@ class GpuctlApp(App[None]):
 
     CSS_PATH = "app.tcss"
     TITLE = "gpuctl"
+    # The app's keys are priority bindings: each runs as the key is read, in the order typed.
+    # A normal binding runs only after its key has bubbled up from the focused widget, while the
+    # app goes on routing the keys behind it: `:` then `node x` typed fast sent `node x` to the
+    # table and to the bindings (`d` opened the board), and `l` `:` ran `:` first. check_action
+    # hands a key back to an Input that has the focus (it is typed there), to help (q, ?) and
+    # to the board's dialogs (their d, r, y, n).
     BINDINGS = [
-        Binding("q", "quit", "Quit"),
-        Binding("colon", "command_bar", "Command", key_display=":"),
-        Binding("question_mark", "help", "Help", key_display="?"),
-        Binding("r", "refresh", "Refresh"),
-        Binding("l", "leases", "Leases", show=False),
-        Binding("d", "depts", "Departments", show=False),
+        Binding("q", "quit", "Quit", priority=True),
+        Binding("colon", "command_bar", "Command", key_display=":", priority=True),
+        Binding("slash", "filter", "Filter", key_display="/", priority=True),
+        Binding("question_mark", "help", "Help", key_display="?", priority=True),
+        Binding("r", "refresh", "Refresh", priority=True),
+        Binding("l", "leases", "Leases", show=False, priority=True),
+        Binding("d", "depts", "Departments", show=False, priority=True),
     ]
 
     # The fleet screen is the base of the "fleet" mode (a mode, not get_default_screen, so that
@@ -139,6 +205,9 @@ class GpuctlApp(App[None]):
         self.last_poll_error: str | None = None
         self._poll_timer: Timer | None = None
         self._too_small: TooSmallScreen | None = None
+        self._focus_now = False
+        self._bar_pending: tuple[GpuctlScreen, list[str], int] | None = None
+        self._held_keys: list[events.Key] = []
         loaded = load_themes(theme_dirs)
         self.theme_errors = loaded.errors
         for err in loaded.errors:
@@ -168,6 +237,8 @@ class GpuctlApp(App[None]):
         gc.set_threshold(*CONSOLE_GC_THRESHOLD)
         self.theme = self._initial_theme
         self.palette = build_palette(self.get_css_variables(), self.source.departments)
+        if not self.is_screen_installed("leases"):
+            self.install_screen(LeasesScreen(), "leases")
         self._install_board()
         for err in self.theme_errors:
             self.flash(f"theme skipped: {err}", severity="error")
@@ -208,17 +279,22 @@ class GpuctlApp(App[None]):
             self._poll_timer = None
         self._poll_worker()
 
-    @work(thread=True, exclusive=True, exit_on_error=False, group="poll")
-    def _poll_worker(self) -> None:
+    @work(exclusive=True, exit_on_error=False, group="poll")
+    async def _poll_worker(self) -> None:
+        message = await run_in_daemon_thread(self._poll_once, name="gpuctl-poll")
+        self.post_message(message)
+
+    def _poll_once(self) -> SnapshotArrived | PollFailed:
+        """One poll (on the poll's daemon thread): the snapshot, the SM history and the fleet
+        rows, or why the source failed."""
         try:
             snapshot = self.source.snapshot()
         except Exception as e:  # noqa: BLE001 - any failure of the source is shown, never raised
-            self.post_message(PollFailed(f"{type(e).__name__}: {e}"))
-            return
+            return PollFailed(f"{type(e).__name__}: {e}")
         history = self._record_history(snapshot)
         palette = self.palette
         rows = fleet_rows(snapshot, history, palette) if palette is not None else []
-        self.post_message(SnapshotArrived(snapshot, history, rows, palette))
+        return SnapshotArrived(snapshot, history, rows, palette)
 
     def _record_history(self, snapshot: model.FleetSnapshot) -> dict[str, tuple[float | None, ...]]:
         """Append each GPU's SM utilization to its deque (N/A and GPU errors as None); forget GPUs
@@ -280,10 +356,22 @@ class GpuctlApp(App[None]):
         self._check_size(event.size.width, event.size.height)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """While the terminal is too small only quitting works (no screen is pushed over the
-        notice, so it can always be taken away when the terminal grows)."""
-        if self._too_small is not None and action in ("command_bar", "help", "leases", "depts", "back"):
+        """Which of the app's actions a key may run now (False: the key goes on to the focused
+        widget and the screen's bindings). In an Input the app's keys are typed; in help, q and
+        ? are help's (close it); under a dialog (a modal other than help, the too-small notice
+        included) only q quits: no screen is pushed over the notice, so it can always be taken
+        away when the terminal grows, and a dialog is never lost under another screen."""
+        if action not in KEY_ACTIONS and action != "back":
+            return True
+        if action != "back" and isinstance(self.focused, Input):
             return False
+        top = self.screen
+        if isinstance(top, HelpScreen):
+            return action not in ("quit", "help")
+        if isinstance(top, ModalScreen) or self._too_small is not None:
+            return action == "quit"
+        if action == "filter":
+            return callable(getattr(top, "action_filter", None))
         return True
 
     def _check_size(self, w: int | None = None, h: int | None = None) -> None:
@@ -304,14 +392,37 @@ class GpuctlApp(App[None]):
         while len(self.screen_stack) > 1 and not isinstance(self.screen, TooSmallScreen):
             self.pop_screen()
 
+    def show_screen(self, name: str) -> None:
+        """Make the installed screen `name` ("leases", "board") the top of the stack: nothing when
+        it already is (shown, or pushed and still mounting); pop down to it when it is lower in
+        the stack; else pop to the fleet screen and push it by name."""
+        screen = self.get_screen(name)
+        if self.screen is screen:
+            return
+        if screen in self.screen_stack:
+            while self.screen is not screen and len(self.screen_stack) > 1:
+                if isinstance(self.screen, TooSmallScreen):
+                    return
+                self.pop_screen()
+            return
+        self._to_base()
+        self.push_screen(name)
+
     def open_node(self, name: str) -> bool:
-        """Push the detail of node `name`; flash and return False when the fleet has no such node."""
+        """Show the detail of node `name`: nothing when it is already the top screen, replacing
+        the top screen when that is another node's detail, else pushed. Flashes and returns
+        False when the fleet has no such node."""
         snapshot = self.snapshot
         if snapshot is not None and snapshot.node(name) is None:
             known = ", ".join(n.name for n in snapshot.nodes[:8])
             more = " …" if len(snapshot.nodes) > 8 else ""
             self.flash(f"unknown node {name!r} (nodes: {known}{more})", severity="error")
             return False
+        top = self.screen
+        if isinstance(top, NodeDetailScreen):
+            if top.node_name != name:
+                self.switch_screen(NodeDetailScreen(name))
+            return True
         self.push_screen(NodeDetailScreen(name))
         return True
 
@@ -320,12 +431,68 @@ class GpuctlApp(App[None]):
             self.pop_screen()
 
     def action_command_bar(self) -> None:
-        names = [f"node {n.name}" for n in self.snapshot.nodes] if self.snapshot else []
-        self.push_screen(CommandBar(names), self._command_entered)
+        """`:`: open the command bar of the top gpuctl screen (closing help first), its Input
+        focused at once so the keys typed right after `:` go into it."""
+        if isinstance(self.screen, HelpScreen):
+            self.pop_screen()
+        screen = self.screen
+        if isinstance(screen, GpuctlScreen):
+            names = [f"node {n.name}" for n in self.snapshot.nodes] if self.snapshot else []
+            if not screen.open_command_bar(names):
+                # The screen was pushed a moment ago and its bar is not composed yet: hold the
+                # keys typed from now on and hand them to the bar once it opens.
+                self._bar_pending = (screen, names, 0)
+                self._held_keys = []
+                self.set_timer(BAR_RETRY_S, self._open_pending_bar)
 
-    def _command_entered(self, text: str | None) -> None:
-        if text:
-            self.run_command(text)
+    async def on_event(self, event: events.Event) -> None:
+        if self._bar_pending is not None and isinstance(event, events.Key):
+            self._held_keys.append(event)
+            return
+        await super().on_event(event)
+
+    async def _open_pending_bar(self) -> None:
+        """Retry opening the bar held by action_command_bar; once it is open (or the screen is
+        gone, or BAR_RETRIES ran out) the held keys are handled in the order they came."""
+        if self._bar_pending is None:
+            return
+        screen, names, tries = self._bar_pending
+        if screen is self.screen and not screen.open_command_bar(names) and tries < BAR_RETRIES:
+            self._bar_pending = (screen, names, tries + 1)
+            self.set_timer(BAR_RETRY_S, self._open_pending_bar)
+            return
+        self._bar_pending = None
+        held, self._held_keys = self._held_keys, []
+        for key in held:
+            await App.on_event(self, key)
+
+    def action_filter(self) -> None:
+        """`/`: the top screen's filter (its action_filter), with the focus moved at once."""
+        action = getattr(self.screen, "action_filter", None)
+        if callable(action):
+            with self._immediate_focus():
+                action()
+
+    @contextmanager
+    def _immediate_focus(self) -> Iterator[None]:
+        """Inside: Widget.focus() moves the focus now instead of on the app's next idle."""
+        self._focus_now = True
+        try:
+            yield
+        finally:
+            self._focus_now = False
+
+    def call_later(self, callback, *args, **kwargs) -> bool:  # noqa: ANN001
+        # Widget.focus() defers its move with app.call_later(set_focus, widget); under
+        # _immediate_focus it runs now (any other callback, or another Textual, is deferred).
+        if self._focus_now and getattr(callback, "__qualname__", "") == "Widget.focus.<locals>.set_focus":
+            callback(*args, **kwargs)
+            return True
+        return super().call_later(callback, *args, **kwargs)
+
+    def on_command_bar_submitted(self, message: CommandBar.Submitted) -> None:
+        if message.text:
+            self.run_command(message.text)
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
@@ -349,7 +516,7 @@ class GpuctlApp(App[None]):
         verb, args = words[0].lower(), words[1:]
         if verb in ("q", "quit", "q!"):
             self.exit()
-        elif verb in ("nodes", "no"):
+        elif verb in ("nodes", "no", "fleet"):
             self._to_base()
         elif verb == "node":
             if len(args) != 1:
@@ -360,11 +527,9 @@ class GpuctlApp(App[None]):
             if not self.is_screen_installed("board"):
                 self.flash("board not available", severity="warning")
                 return False
-            self._to_base()
-            self.push_screen("board")
+            self.show_screen("board")
         elif verb in ("leases", "lease"):
-            self._to_base()
-            self.push_screen(LeasesScreen())
+            self.show_screen("leases")
         elif verb == "help":
             self.action_help()
         elif verb == "theme":

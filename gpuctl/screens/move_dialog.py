@@ -12,9 +12,10 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, OptionList, Static
 from textual.widgets.option_list import Option
+
+from gpuctl.screens.base import GpuctlModal
 
 DIALOG_CSS = """
 MoveConfirmScreen, DepartmentPickerScreen { align: center middle; }
@@ -30,14 +31,11 @@ MoveConfirmScreen > #dialog, DepartmentPickerScreen > #dialog {
 #dialog OptionList { height: auto; max-height: 12; }
 """
 
-#: The board shows through, dimmed. (User-level CSS with a class: the app's stylesheet gives every
-#: Screen an opaque background, which would beat a DEFAULT_CSS rule and hide the board.)
-DIALOG_SCREEN_CSS = """
-Screen.board-dialog { background: $background 60%; }
-"""
+# The board shows through, dimmed: app.tcss gives every ModalScreen `$background 60%`, and
+# GpuctlModal renders that backdrop once (not on every repaint of the dialog).
 
 
-class MoveConfirmScreen(ModalScreen[str | None]):
+class MoveConfirmScreen(GpuctlModal[str | None]):
     """"Move 2 slices (1.5 GPU) from research to training: ..." with Move / Cancel, or, when
     `leased_owners` is not empty, Drain / Revoke / Cancel and a line naming the leases' owners.
 
@@ -45,8 +43,6 @@ class MoveConfirmScreen(ModalScreen[str | None]):
     """
 
     DEFAULT_CSS = DIALOG_CSS
-    CSS = DIALOG_SCREEN_CSS
-    SCOPED_CSS = False  # the rule is about the screen itself
     BINDINGS = [
         Binding("escape,n", "choose('cancel')", "Cancel"),
         Binding("y", "choose('refuse')", "Move", show=False),
@@ -102,13 +98,11 @@ class MoveConfirmScreen(ModalScreen[str | None]):
             self.dismiss(choice)
 
 
-class DepartmentPickerScreen(ModalScreen[str | None]):
+class DepartmentPickerScreen(GpuctlModal[str | None]):
     """A list of departments to move `what` ("2 slices (1.5 GPU)") to; Enter picks, Escape
     cancels."""
 
     DEFAULT_CSS = DIALOG_CSS
-    CSS = DIALOG_SCREEN_CSS
-    SCOPED_CSS = False  # the rule is about the screen itself
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, what: str, departments: list[str]):

@@ -1,46 +1,66 @@
 """The one-line header shown on every gpuctl screen: view name, fleet totals, READ-ONLY badge.
 
-Holds no clock (SVG snapshots stay deterministic). It watches the app's `snapshot` and `palette`
-itself, so any screen (the board too) gets it by composing `FleetHeader()`.
+"gpuctl ▸ node sim-02 · nodes 4/4 up · 32 GPUs · SM 47% · research 8.5 · training 6 · …"
+
+Holds no clock (SVG snapshots stay deterministic). The screen that shows it calls
+:meth:`FleetHeader.show_totals` with each snapshot it renders (gpuctl.screens.base.GpuctlScreen
+does, for the top screen only); the totals are repainted without a layout pass (the header's
+size never changes), and cut to the header's width by dropping whole parts, least important first
+(:func:`fit_totals`), never in the middle of a figure.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal
+from textual.widget import Widget
 from textual.widgets import Static
 
 from gpuctl import model
 from gpuctl.widgets.palette import Palette
 
+SEPARATOR = " · "
+#: Shown after the last part when parts were dropped for lack of room.
+MORE = " · …"
 
-def fleet_totals(snapshot: model.FleetSnapshot | None, departments: list[model.Department], palette: Palette) -> Text:
-    """"nodes 3/4 up · 24 GPUs · SM 47% · research 8.5 · training 6 · unassigned 2.25".
 
-    nodes: reachable / configured. GPUs: GPUs of reachable nodes. SM: mean SM utilization over
-    GPUs with a reading (N/A ones are left out; "N/A" when none has one). Departments: their
-    slices in GPU-equivalents (model.gpu_equivalents), config order, then unassigned.
-    """
-    text = Text(no_wrap=True, overflow="ellipsis", end="")
+@dataclass(frozen=True)
+class TotalsPart:
+    """One figure of the header: its text, its Rich style ("" for the default) and its rank
+    (0 = most important: dropped last)."""
+
+    text: str
+    style: str
+    rank: int
+
+
+def totals_parts(
+    snapshot: model.FleetSnapshot | None, departments: list[model.Department], palette: Palette
+) -> list[TotalsPart]:
+    """The header's figures in display order: "nodes 3/4 up" (rank 0, error color when a node is
+    down), "SM 47%" (1: mean SM utilization over GPUs with a reading, "N/A" when none has one),
+    "24 GPUs" (2: GPUs of reachable nodes), then each department's slices in GPU-equivalents
+    (model.gpu_equivalents) in config order (3, 4, ...), departments only the fleet knows after
+    them, unassigned last (least important). [] before the first snapshot."""
     if snapshot is None:
-        text.append("waiting for the first fleet snapshot…", style=palette.muted)
-        return text
+        return []
     up = sum(1 for n in snapshot.nodes if n.reachable)
     total = len(snapshot.nodes)
-    text.append(f"nodes {up}/{total} up", style="" if up == total else palette.error)
-    text.append(" · ", style=palette.muted)
-    text.append(f"{snapshot.gpu_count()} GPUs")
     utils = [
         g.sample.sm_util_pct
         for n in snapshot.nodes
         for g in n.gpus
         if g.sample is not None and g.sample.sm_util_pct is not None and not g.sample.error
     ]
-    text.append(" · ", style=palette.muted)
-    text.append("SM " + (f"{sum(utils) / len(utils):.0f}%" if utils else "N/A"))
+    parts = [
+        TotalsPart(f"nodes {up}/{total} up", "" if up == total else palette.error, 0),
+        TotalsPart(f"{snapshot.gpu_count()} GPUs", "", 2),
+        TotalsPart("SM " + (f"{sum(utils) / len(utils):.0f}%" if utils else "N/A"), "", 1),
+    ]
     shares: dict[str, list[model.Slice]] = defaultdict(list)
     for n in snapshot.nodes:
         for s in n.slices():
@@ -49,10 +69,71 @@ def fleet_totals(snapshot: model.FleetSnapshot | None, departments: list[model.D
     names += sorted(k for k in shares if k not in names and k != model.UNASSIGNED)
     if model.UNASSIGNED in shares:
         names.append(model.UNASSIGNED)
-    for name in names:
-        text.append(" · ", style=palette.muted)
-        text.append(f"{name} {model.gpu_equivalents(shares.get(name, [])):g}", style=palette.department(name))
+    for i, name in enumerate(names):
+        parts.append(TotalsPart(f"{name} {model.gpu_equivalents(shares.get(name, [])):g}",
+                                palette.department(name), 3 + i))
+    return parts
+
+
+def fit_totals(parts: list[TotalsPart], width: int | None, palette: Palette) -> Text:
+    """"· " then `parts` joined by " · " in display order, within `width` cells (None: no
+    limit): while too wide, the part of the highest rank is dropped and " · …" ends the line
+    (the first part, "nodes N/M up", always stays). No styled run begins with a space (the
+    rsvg rendering of the SVG snapshots drops a leading space). Before the first snapshot (no
+    parts): "waiting for the first fleet snapshot…"."""
+    text = Text(no_wrap=True, overflow="ellipsis", end="")
+    if not parts:
+        text.append("waiting for the first fleet snapshot…", style=palette.muted)
+        return text
+    kept = list(parts)
+
+    def length(ps: list[TotalsPart]) -> int:
+        more = len(MORE) if len(ps) < len(parts) else 0
+        return 2 + sum(len(p.text) for p in ps) + len(SEPARATOR) * (len(ps) - 1) + more
+
+    if width is not None:
+        while len(kept) > 1 and length(kept) > width:
+            kept.remove(max(kept[1:], key=lambda p: p.rank))
+    text.append("· ", style=palette.muted)
+    for i, part in enumerate(kept):
+        if i:
+            text.append(" ")
+            text.append("· ", style=palette.muted)
+        text.append(part.text, style=part.style)
+    if len(kept) < len(parts):
+        text.append(" ")
+        text.append("· …", style=palette.muted)
     return text
+
+
+def fleet_totals(snapshot: model.FleetSnapshot | None, departments: list[model.Department], palette: Palette) -> Text:
+    """Every figure (see totals_parts) on one line, uncut: "· nodes 3/4 up · 24 GPUs · SM 47% ·
+    research 8.5 · training 6 · unassigned 2.25"."""
+    return fit_totals(totals_parts(snapshot, departments, palette), None, palette)
+
+
+class HeaderTotals(Widget):
+    """The totals line: keeps the parts, fits them to its width when it renders."""
+
+    DEFAULT_CSS = "HeaderTotals { width: 1fr; height: 1; }"
+
+    def __init__(self, *, id: str | None = None):
+        super().__init__(id=id)
+        self._parts: list[TotalsPart] = []
+        self._palette: Palette | None = None
+
+    def set_parts(self, parts: list[TotalsPart], palette: Palette) -> None:
+        """New figures: repaint this one line (no layout pass; the widget's size is fixed)."""
+        if parts == self._parts and palette is self._palette:
+            return
+        self._parts = parts
+        self._palette = palette
+        self.refresh()
+
+    def render(self) -> Text:
+        if self._palette is None:
+            return Text("")
+        return fit_totals(self._parts, self.size.width or None, self._palette)
 
 
 class FleetHeader(Horizontal):
@@ -60,8 +141,8 @@ class FleetHeader(Horizontal):
 
     DEFAULT_CSS = """
     FleetHeader { height: 1; dock: top; }
-    FleetHeader > #header-title { width: auto; padding: 0 1; }
-    FleetHeader > #header-totals { width: 1fr; }
+    FleetHeader > #header-title { width: auto; padding: 0 0 0 1; }
+    FleetHeader > #header-totals { width: 1fr; padding: 0 0 0 1; }
     FleetHeader > #header-badge { width: auto; padding: 0 1; display: none; }
     FleetHeader.-readonly > #header-badge { display: block; }
     """
@@ -71,21 +152,16 @@ class FleetHeader(Horizontal):
         self.view = view
 
     def compose(self) -> ComposeResult:
-        yield Static(f"gpuctl ▸ {self.view}", id="header-title")
-        yield Static("", id="header-totals")
+        yield Static(f"gpuctl ▸ {self.view}", id="header-title", markup=False)
+        yield HeaderTotals(id="header-totals")
         yield Static("READ-ONLY", id="header-badge")
 
     def on_mount(self) -> None:
         self.set_class(bool(getattr(self.app, "readonly", False)), "-readonly")
-        self.watch(self.app, "snapshot", self._refresh_totals, init=False)
-        self.watch(self.app, "palette", self._refresh_totals, init=False)
-        self._refresh_totals()
 
-    def _refresh_totals(self, _value: object = None) -> None:
-        app = self.app
-        snapshot = getattr(app, "snapshot", None)
-        palette = getattr(app, "palette", None)
-        if palette is None:
-            return
-        departments = list(getattr(getattr(app, "source", None), "departments", []) or [])
-        self.query_one("#header-totals", Static).update(fleet_totals(snapshot, departments, palette))
+    def show_totals(
+        self, snapshot: model.FleetSnapshot | None, departments: list[model.Department], palette: Palette
+    ) -> None:
+        """Show the totals of `snapshot` (None: waiting for the first one) in `palette`."""
+        self.query_one("#header-totals", HeaderTotals).set_parts(
+            totals_parts(snapshot, departments, palette), palette)
