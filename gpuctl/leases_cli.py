@@ -1,4 +1,4 @@
-"""The lease verbs of `gpuctl`: lease, release, leases, run (registered by gpuctl.cli).
+"""The lease verbs of `gpuctl`: lease, release, renew, leases, run (registered by gpuctl.cli).
 
 - ``gpuctl lease --dept D (--gpus X | --slices N) [--node NAME] [--ttl S]``: grant a lease and
   print it (``--json`` adds the token and the ``GPUCTL_ATTACH`` string, shown only here).
@@ -83,6 +83,8 @@ def add_lease_verbs(verb: Callable[[str, str], argparse.ArgumentParser]) -> None
     p = verb("lease", "lease idle slices of a department for remote attach")
     _amount_args(p, LEASE_DEFAULT_TTL_S)
     p = verb("release", "end a lease (its worker stops, its slices are idle again)")
+    p.add_argument("lease_id", metavar="ID", help="the lease id (lease-...)")
+    p = verb("renew", "heartbeat a lease: its expiry moves to now + its ttl")
     p.add_argument("lease_id", metavar="ID", help="the lease id (lease-...)")
     verb("leases", "every lease of the fleet")
     p = verb("run", "lease slices, run a command attached to them, release when it ends")
@@ -280,9 +282,12 @@ def cmd_leases(args: argparse.Namespace) -> int:
     return ExitCode.UNREACHABLE if errors else ExitCode.OK
 
 
-def cmd_release(args: argparse.Namespace) -> int:
-    """`gpuctl release ID`: end the lease on the node that holds it."""
-    from gpuctl.cli import _emit_json, _err, _fleet, _load_config
+def _on_holder(args: argparse.Namespace, action: str) -> tuple[int, str | None, dict[str, Any] | None]:
+    """Find the node holding lease args.lease_id (asks every node) and call NodeClient.<action> on it.
+
+    Returns (exit code, node, answer); errors are said on stderr: no such lease (NOTHING_TO_DO, or
+    UNREACHABLE when some node could not be asked), or the daemon's refusal."""
+    from gpuctl.cli import _err, _fleet, _load_config
     from gpuctl.client import NodeError
 
     cfg = _load_config(args)
@@ -294,21 +299,46 @@ def cmd_release(args: argparse.Namespace) -> int:
             msg = f"no lease {args.lease_id!r} on any reachable node"
             if errors:
                 _err(f"{msg}; unreachable: {', '.join(sorted(errors))}")
-                return ExitCode.UNREACHABLE
+                return ExitCode.UNREACHABLE, None, None
             _err(msg)
-            return ExitCode.NOTHING_TO_DO
+            return ExitCode.NOTHING_TO_DO, None, None
         try:
-            answer = fleet.clients[holder].release_lease(args.lease_id)
+            return ExitCode.OK, holder, getattr(fleet.clients[holder], action)(args.lease_id)
         except NodeError as e:
             _err(str(e))
-            return ExitCode.NOTHING_TO_DO if e.code == "unknown_lease" else _exit_for(e.code)
+            code = ExitCode.NOTHING_TO_DO if e.code in ("unknown_lease", "lease_ended") else _exit_for(e.code)
+            return code, holder, None
     finally:
         fleet.close()
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    """`gpuctl release ID`: end the lease on the node that holds it."""
+    from gpuctl.cli import _emit_json
+
+    code, holder, answer = _on_holder(args, "release_lease")
+    if answer is None:
+        return code
     if args.json:
         _emit_json({"node": holder, **answer})
     else:
         print(f"released {args.lease_id} on {holder}: {len(answer['slice_ids'])} slice(s) idle"
               + (f", drained moves applied to {', '.join(answer['drained'])}" if answer.get("drained") else ""))
+    return ExitCode.OK
+
+
+def cmd_renew(args: argparse.Namespace) -> int:
+    """`gpuctl renew ID`: heartbeat the lease on the node that holds it (expiry = now + ttl)."""
+    from gpuctl.cli import _emit_json
+
+    code, holder, answer = _on_holder(args, "heartbeat_lease")
+    if answer is None:
+        return code
+    if args.json:
+        _emit_json({"node": holder, **answer})
+    else:
+        left = answer["expires_s"] - time.time()
+        print(f"renewed {args.lease_id} on {holder}: expires in {left:.0f} s")
     return ExitCode.OK
 
 
@@ -438,4 +468,5 @@ def _reporting(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
 
 
 LEASE_VERBS = {"lease": _reporting(cmd_lease), "release": _reporting(cmd_release),
+               "renew": _reporting(cmd_renew),
                "leases": _reporting(cmd_leases), "run": _reporting(cmd_run)}

@@ -85,6 +85,14 @@ def test_lease_leases_release(demo, cfg):
         [("sim-02", lid), ("sim-01", lines["lease"])])
     assert listed.json["unreachable_nodes"] == []
 
+    ttl_before = next(x for x in listed.json["leases"] if x["id"] == lid)["expires_s"]
+    renew = run_cli("--config", cfg, "renew", lid, "--json")
+    assert renew.code == 0, renew.stderr
+    assert renew.json["node"] == "sim-02" and renew.json["lease_id"] == lid
+    assert renew.json["expires_s"] > ttl_before
+    plain_renew = run_cli("--config", cfg, "renew", lines["lease"])
+    assert plain_renew.code == 0 and plain_renew.stdout.startswith(f"renewed {lines['lease']} on sim-01: expires in ")
+
     for node, lease_id in (("sim-02", lid), ("sim-01", lines["lease"])):
         rel = run_cli("--config", cfg, "release", lease_id)
         assert rel.code == 0, rel.stderr
@@ -92,6 +100,8 @@ def test_lease_leases_release(demo, cfg):
     assert leases_of(demo) == {"sim-01": [], "sim-02": []}
     again = run_cli("--config", cfg, "release", lid)
     assert again.code == 4 and f"no lease {lid!r} on any reachable node" in again.stderr
+    gone = run_cli("--config", cfg, "renew", lid)
+    assert gone.code == 4 and f"no lease {lid!r} on any reachable node" in gone.stderr
 
 
 def test_lease_refusals_change_nothing(demo, cfg):
