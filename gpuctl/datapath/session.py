@@ -317,11 +317,17 @@ class Session:
             if spec is not None:
                 arg = self._arg
                 rargs = [arg(a) for a in raw_args]
+                for i, v in enumerate(rargs):
+                    if (type(v) is tuple or isinstance(v, str)) and i not in spec.text and ops_mod.has_text(v):
+                        raise TypeError(f"argument {i + 1}: a string is not allowed here")
                 if raw_kwargs:
                     if not spec.kwargs.issuperset(raw_kwargs):
                         extra = set(raw_kwargs) - spec.kwargs
                         raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(map(str, extra)))}")
                     rkwargs = {k: arg(v) for k, v in raw_kwargs.items()}
+                    for k, v in rkwargs.items():
+                        if k not in spec.text and ops_mod.has_text(v):
+                            raise TypeError(f"argument {k}: a string is not allowed here")
                 else:
                     rkwargs = {}
                 if not outs:
@@ -369,6 +375,12 @@ class Session:
         if len(results) != len(outs):
             raise ValueError(f"op gives {len(results)} results for {len(outs)} handles")
         arrays = [self.executor.asarray(r) for r in results]
+        for arr in arrays:
+            if arr.dtype not in NP_DTYPE_CODES:
+                raise TypeError(f"result of dtype {arr.dtype} is not allowed (only the wire dtypes)")
+            if arr.nbytes > self.acct.quota_bytes:  # a view (broadcast_to) bigger than the slice
+                raise QuotaExceeded(f"slice memory quota exceeded: the result is an array of {arr.nbytes} "
+                                    f"bytes, more than the quota of {self.acct.quota_bytes} bytes")
         for h in outs:
             if h in self.handles:
                 raise ValueError(f"handle h{h} is already in use on this connection")

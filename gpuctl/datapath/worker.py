@@ -47,7 +47,12 @@ from gpuctl.datapath.session import Session, log
 
 #: Limits before the handshake: an unauthenticated peer can make the worker allocate almost nothing.
 PREAUTH_LIMITS = Limits(max_meta_bytes=4096, max_payload_bytes=DEFAULT_LIMITS.max_token_bytes)
+#: Time a connection has to complete the whole handshake (TLS, then HELLO), not per read: a peer
+#: that sends one byte every few seconds is cut at this deadline all the same.
 HANDSHAKE_TIMEOUT_S = 10.0
+#: Connections still in their handshake at once; past it the oldest one is cut, so connections that
+#: never authenticate cannot keep the lease's client out (authenticated ones have their own limit).
+MAX_PENDING_HANDSHAKES = 64
 
 
 def make_executor(kind: str, quota_bytes: int, compute_share: float) -> Any:
@@ -82,6 +87,9 @@ class Worker:
             self.ssl_ctx.minimum_version = ssl.TLSVersion.TLSv1_2
             self.ssl_ctx.load_cert_chain(args.tls_cert, args.tls_key)
         self._lock = threading.Lock()
+        self.handshake_timeout_s: float = getattr(args, "handshake_timeout_s", HANDSHAKE_TIMEOUT_S)
+        #: sockets still in their handshake -> deadline (time.monotonic seconds), oldest first
+        self._pending: dict[socket.socket, float] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -114,6 +122,7 @@ class Worker:
             if now - last >= 1.0:
                 self.write_stats()
                 last = now
+            self.cut_late_handshakes()
             time.sleep(min(0.1, max(0.0, self.expires_at_s - now)))
 
     def control(self) -> None:
@@ -134,8 +143,35 @@ class Worker:
         self.end("parent_gone")
 
     # -- connections ---------------------------------------------------------------------------
+    def cut_late_handshakes(self) -> None:
+        """Shut down the connections whose handshake passed its deadline (their thread then sees
+        the connection closed and ends)."""
+        now = time.monotonic()
+        with self._lock:
+            late = [s for s, deadline in self._pending.items() if deadline <= now]
+            for s in late:
+                del self._pending[s]
+        for s in late:
+            _shut(s)
+
+    def _add_pending(self, sock: socket.socket) -> None:
+        with self._lock:
+            oldest = None
+            if len(self._pending) >= MAX_PENDING_HANDSHAKES:
+                oldest = next(iter(self._pending))
+                del self._pending[oldest]
+            self._pending[sock] = time.monotonic() + self.handshake_timeout_s
+        if oldest is not None:
+            _shut(oldest)
+
+    def _done_pending(self, sock: socket.socket) -> bool:
+        """Take `sock` off the pending list; False when it was already cut (deadline or eviction)."""
+        with self._lock:
+            return self._pending.pop(sock, None) is not None
+
     def handshake(self, sock: socket.socket, reader: FrameReader) -> None:
-        sock.settimeout(HANDSHAKE_TIMEOUT_S)
+        """Read and check the HELLO (version, token, lease id, expiry); raises ProtocolError."""
+        sock.settimeout(self.handshake_timeout_s)
         hdr = reader.header(PREAUTH_LIMITS)
         if hdr.ftype != FrameType.HELLO:
             raise ProtocolError(f"expected HELLO, got {hdr.ftype.name}", "handshake")
@@ -145,6 +181,8 @@ class Worker:
         check_hello(meta, bytes(token), self.lease_id, self.token, hmac.compare_digest)
         if time.time() >= self.expires_at_s:
             raise ProtocolError(f"lease {self.lease_id} has expired", "expired")
+
+    def welcome(self, sock: socket.socket) -> None:
         send_frame(sock, FrameType.WELCOME, {
             "protocol": PROTOCOL_VERSION, "lease_id": self.lease_id, "executor": self.executor.name,
             "quota_bytes": self.acct.quota_bytes, "compute_share": self.executor.compute_share,
@@ -153,16 +191,27 @@ class Worker:
         sock.settimeout(None)
 
     def serve_connection(self, sock: socket.socket, peer: Any) -> None:
+        """Handshake (within the deadline), then serve the session until the client leaves. Only
+        authenticated connections count against ``--max-connections``."""
         session = None
-        with self._lock:
-            self.acct.connections += 1
-            self.acct.connections_total += 1
+        raw = sock
+        counted = False
         try:
             if self.ssl_ctx is not None:
-                sock.settimeout(HANDSHAKE_TIMEOUT_S)
+                sock.settimeout(self.handshake_timeout_s)
                 sock = self.ssl_ctx.wrap_socket(sock, server_side=True)
             reader = FrameReader(sock)
             self.handshake(sock, reader)
+            if not self._done_pending(raw):
+                raise ConnectionLost(f"handshake not completed within {self.handshake_timeout_s:g} s")
+            with self._lock:
+                if self.acct.connections >= self.args.max_connections:
+                    raise ProtocolError(
+                        f"worker of lease {self.lease_id} has {self.args.max_connections} connections", "busy")
+                self.acct.connections += 1
+                self.acct.connections_total += 1
+                counted = True
+            self.welcome(sock)
             session = Session(sock, self.executor, self.acct, self.limits,
                               {"lease_id": self.lease_id, "executor": self.executor.name}, reader)
             session.serve()
@@ -177,10 +226,12 @@ class Worker:
         except (OSError, ssl.SSLError) as e:
             log(f"{peer}: {e}")
         finally:
+            self._done_pending(raw)
             if session is not None:
                 session.close()
-            with self._lock:
-                self.acct.connections -= 1
+            if counted:
+                with self._lock:
+                    self.acct.connections -= 1
             try:
                 sock.close()
             except OSError:
@@ -201,15 +252,8 @@ class Worker:
             f"quota {self.acct.quota_bytes} bytes)")
         while True:
             conn, peer = srv.accept()
-            if self.acct.connections >= self.args.max_connections:
-                try:
-                    send_frame(conn, FrameType.ERROR, {"code": "busy", "message":
-                               f"worker of lease {self.lease_id} has {self.args.max_connections} connections"})
-                except ProtocolError:
-                    pass
-                conn.close()
-                continue
             tune_socket(conn)
+            self._add_pending(conn)
             threading.Thread(target=self.serve_connection, args=(conn, peer), daemon=True).start()
 
 
@@ -226,7 +270,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-dir", default=None)
     p.add_argument("--tls-cert", default=None)
     p.add_argument("--tls-key", default=None)
-    p.add_argument("--max-connections", type=int, default=32)
+    p.add_argument("--max-connections", type=int, default=32, help="authenticated connections at once")
+    p.add_argument("--handshake-timeout-s", type=float, default=HANDSHAKE_TIMEOUT_S,
+                   help="seconds a connection has to complete its handshake (default %(default)s)")
     return p.parse_args(argv)
 
 
@@ -253,6 +299,14 @@ def main(argv: list[str] | None = None) -> None:
     except (OSError, ValueError, ImportError) as e:
         print(f"gpuctl-worker: lease {args.lease_id}: {e}", file=sys.stderr, flush=True)
         os._exit(2)
+
+
+def _shut(sock: socket.socket) -> None:
+    """Shut a connection down both ways (its serving thread's blocked read returns at once)."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":
