@@ -422,19 +422,24 @@ class SshTransport:
                 f"if the change is expected (ssh-keygen -R '{name}' -f {result.line.path})",
                 "host_key_changed",
             )
+        if result.other_types:
+            # The host is known, by keys of other types: a server offering only a type we do not hold
+            # is what a man-in-the-middle does, so even --accept-new-host-key refuses (as a change).
+            where = ", ".join(ln.where for ln in known.for_host(name) if ln.marker is None)
+            raise _StepError(
+                f"host key of {host.address} is {label} {fingerprint}, but {where} holds only keys of other types "
+                f"for it ({', '.join(result.other_types)}); possible man-in-the-middle; refusing to connect "
+                f"(add the {label} key by hand after checking it with the node's admin)",
+                "host_key_changed",
+            )
         if self._accept_new_host_key:
             try:
                 known.add(name, key_type, blob)
             except OSError as exc:
                 raise _StepError(f"cannot add the host key to {known.path}: {exc.strerror}", "config") from exc
             return
-        others = (
-            f"; {known.path} holds only keys of other types for it ({', '.join(result.other_types)})"
-            if result.other_types
-            else ""
-        )
         raise _StepError(
-            f"host key is not known: {label} key fingerprint is {fingerprint}{others}; check it with the "
+            f"host key is not known: {label} key fingerprint is {fingerprint}; check it with the "
             f"node's admin (ssh-keygen -lf /etc/ssh/ssh_host_{label.lower()}_key.pub on the node), then run "
             f"again with --accept-new-host-key to add it to {known.path}",
             "host_key_unknown",

@@ -1,0 +1,89 @@
+"""Security review of the SSH transport (gpuctl/transport/ssh.py) against a real sshd: a server
+key of a type known_hosts does not list for a host that *is* known (another type) is a possible
+man-in-the-middle offering only the type it has, so --accept-new-host-key must not add it; the
+socket path and daemon command reach the exec channel shell-quoted (no command injection).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from daemon_proc import REPO_ROOT
+from sshd import SshServer, keygen, sshd_available
+
+from gpuctl.transport import TransportError, open_transport
+
+pytestmark = [
+    pytest.mark.sshd,
+    pytest.mark.skipif(not sshd_available(), reason="needs /usr/sbin/sshd and ssh-keygen"),
+]
+
+
+@dataclass(frozen=True)
+class Node:
+    """Stand-in with NodeConfig's attributes (the transports duck-type it)."""
+
+    name: str
+    host: str
+    user: str | None = None
+    port: int | None = None
+    identity_file: str | None = None
+    socket: str | None = None
+    transport: str = "ssh"
+    gpuctld: str = f"{sys.executable} -m gpuctl.daemon"
+    timeout_s: float = 5.0
+
+
+@pytest.fixture(scope="module")
+def sshd():
+    with SshServer(session_env={"PYTHONPATH": str(REPO_ROOT)}) as server:
+        yield server
+
+
+@pytest.fixture
+def opened(sshd):
+    transports = []
+
+    def _open(node, **options):
+        options.setdefault("ssh_config_path", str(sshd.ssh_config))
+        options.setdefault("known_hosts_path", str(sshd.known_hosts))
+        options.setdefault("use_agent", False)
+        t = open_transport(node, **options)
+        transports.append(t)
+        return t
+
+    yield _open
+    for t in transports:
+        t.close()
+
+
+def _fail(transport) -> TransportError:
+    with pytest.raises(TransportError) as info:
+        transport.http_client().get("/v1/health")
+    return info.value
+
+
+def test_accept_new_does_not_add_a_key_of_another_type_for_a_known_host(sshd, opened, tmp_path):
+    keygen(tmp_path / "rsa_host_key", key_type="rsa")
+    key_type, key_b64 = (tmp_path / "rsa_host_key.pub").read_text().split()[:2]
+    known = tmp_path / "known_hosts"
+    before = f"[127.0.0.1]:{sshd.port} {key_type} {key_b64}\n"
+    known.write_text(before)
+    err = _fail(opened(Node(name="gpu01", host="test-sshd"), known_hosts_path=str(known),
+                       accept_new_host_key=True))
+    assert err.code == "host_key_changed"
+    assert f"{known}:1" in str(err) and "ssh-rsa" in str(err) and "man-in-the-middle" in str(err)
+    assert known.read_text() == before
+
+
+def test_hostile_socket_path_is_one_quoted_word_on_the_node(sshd, opened, tmp_path):
+    marker = tmp_path / "pwned"
+    hostile = f"/nonexistent/s.sock'; touch {marker}; echo '$(touch {marker})`touch {marker}`"
+    err = _fail(opened(Node(name="gpu01", host="test-sshd", socket=hostile)))
+    assert err.code == "daemon"
+    assert f"no socket at {hostile}" in str(err)
+    assert not marker.exists()
