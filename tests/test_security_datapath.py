@@ -299,3 +299,25 @@ def test_connections_that_never_authenticate_do_not_lock_the_client_out(slow_wor
     finally:
         for s in idle:
             s.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# the run dir belongs to the worker's user: the daemon must not follow links planted there
+
+
+def test_stderr_tail_does_not_follow_a_symlink_in_the_run_dir(tmp_path):
+    from types import SimpleNamespace
+
+    from gpuctl.daemon.leases import _stderr_tail
+    from gpuctl.datapath.launcher import _tail
+
+    secret = tmp_path / "secret"
+    secret.write_text("root-only secret")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "stderr.log").symlink_to(secret)
+    assert _stderr_tail(SimpleNamespace(run_dir=str(run_dir))) == ""
+    assert _tail(str(run_dir / "stderr.log")) == "(no stderr)"
+    (run_dir / "stderr.log").unlink()
+    (run_dir / "stderr.log").write_text("worker said this")
+    assert _stderr_tail(SimpleNamespace(run_dir=str(run_dir))) == "; its stderr ends: worker said this"

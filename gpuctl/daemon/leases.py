@@ -39,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import os
 import re
 import secrets
 import shutil
@@ -653,7 +654,9 @@ def _stderr_tail(handle: Any, nbytes: int = 800) -> str:
     if not run_dir:
         return ""
     try:
-        with open(f"{run_dir}/stderr.log", "rb") as f:
+        # O_NOFOLLOW: the run dir belongs to the worker's user; a symlink there must not make a root
+        # daemon read (and log) another file
+        with open(os.open(f"{run_dir}/stderr.log", os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
             f.seek(0, 2)
             f.seek(max(0, f.tell() - nbytes))
             text = f.read().decode(errors="replace").strip()

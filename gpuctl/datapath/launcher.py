@@ -194,7 +194,7 @@ def _read_ready(proc: subprocess.Popen, timeout_s: float) -> str:
 
 def _tail(path: str, nbytes: int = 2000) -> str:
     try:
-        with open(path, "rb") as f:
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:  # run dir: the worker user's
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - nbytes))
             return f.read().decode(errors="replace").strip() or "(no stderr)"
