@@ -144,7 +144,8 @@ def start_worker(
         mps = os.path.exists(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps") + "/control")
     if mps and executor == "cupy":
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, round(compute_share * 100)))
-    argv = [sys.executable, "-m", "gpuctl.datapath.worker", "--lease-id", lease_id, "--executor", executor,
+    # -P and cwd=run_dir: the daemon's working directory never lands on the worker's sys.path
+    argv = [sys.executable, "-P", "-m", "gpuctl.datapath.worker", "--lease-id", lease_id, "--executor", executor,
             "--quota-bytes", str(int(quota_bytes)), "--compute-share", str(compute_share),
             "--bind", bind, "--port", str(int(port)), "--expires-at-s", f"{expires_at_s:.3f}",
             "--run-dir", run_dir]
@@ -160,7 +161,7 @@ def start_worker(
     stderr_path = os.path.join(run_dir, "stderr.log")
     with open(stderr_path, "ab") as err:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
-                                close_fds=True, start_new_session=True, **kwargs)
+                                close_fds=True, start_new_session=True, cwd=run_dir, **kwargs)
     assert proc.stdin is not None and proc.stdout is not None
     try:
         proc.stdin.write(token.hex().encode() + b"\n")
