@@ -86,6 +86,8 @@ KEY_ACTIONS = ("quit", "command_bar", "filter", "help", "refresh", "leases", "de
 #: seconds, at most BAR_RETRIES times, holding the keys typed meanwhile.
 BAR_RETRY_S = 0.01
 BAR_RETRIES = 200
+#: Longest time keys are held back waiting for the work of an earlier key (App._hold_keys).
+HOLD_MAX_S = 3.0
 
 T = TypeVar("T")
 
@@ -171,6 +173,9 @@ class GpuctlApp(App[None]):
         Binding("r", "refresh", "Refresh", priority=True),
         Binding("l", "leases", "Leases", show=False, priority=True),
         Binding("d", "depts", "Departments", show=False, priority=True),
+        # Enter and Escape in the `:` bar close it at once, so the keys typed after them act.
+        Binding("enter", "command_bar_key('submit')", show=False, priority=True),
+        Binding("escape", "command_bar_key('cancel')", show=False, priority=True),
     ]
 
     # The fleet screen is the base of the "fleet" mode (a mode, not get_default_screen, so that
@@ -207,7 +212,10 @@ class GpuctlApp(App[None]):
         self._too_small: TooSmallScreen | None = None
         self._focus_now = False
         self._bar_pending: tuple[GpuctlScreen, list[str], int] | None = None
-        self._held_keys: list[events.Key] = []
+        #: Keys read while an earlier key's work is not done yet (see _hold_keys).
+        self._holding = False
+        self._hold_serial = 0
+        self._held_keys: deque[events.Key] = deque()
         loaded = load_themes(theme_dirs)
         self.theme_errors = loaded.errors
         for err in loaded.errors:
@@ -361,6 +369,8 @@ class GpuctlApp(App[None]):
         ? are help's (close it); under a dialog (a modal other than help, the too-small notice
         included) only q quits: no screen is pushed over the notice, so it can always be taken
         away when the terminal grows, and a dialog is never lost under another screen."""
+        if action == "command_bar_key":
+            return self._focused_command_bar() is not None
         if action not in KEY_ACTIONS and action != "back":
             return True
         if action != "back" and isinstance(self.focused, Input):
@@ -442,11 +452,33 @@ class GpuctlApp(App[None]):
                 # The screen was pushed a moment ago and its bar is not composed yet: hold the
                 # keys typed from now on and hand them to the bar once it opens.
                 self._bar_pending = (screen, names, 0)
-                self._held_keys = []
+                self._hold_keys()
                 self.set_timer(BAR_RETRY_S, self._open_pending_bar)
 
+    # -- keys in the order typed -------------------------------------------------------------------
+
+    def _hold_keys(self) -> None:
+        """Keep the keys read from now on (in order) until _release_keys: the work of the key
+        before them finishes on another widget's queue first. Released after HOLD_MAX_S at the
+        latest (a widget that went away never finishes)."""
+        self._holding = True
+        self._hold_serial += 1
+        serial = self._hold_serial
+
+        async def expire() -> None:
+            if self._holding and self._hold_serial == serial:
+                await self._release_keys()
+
+        self.set_timer(HOLD_MAX_S, expire)
+
+    async def _release_keys(self) -> None:
+        """Handle the held keys in the order they came (stopping if one of them holds again)."""
+        self._holding = False
+        while self._held_keys and not self._holding:
+            await App.on_event(self, self._held_keys.popleft())
+
     async def on_event(self, event: events.Event) -> None:
-        if self._bar_pending is not None and isinstance(event, events.Key):
+        if self._holding and isinstance(event, events.Key):
             self._held_keys.append(event)
             return
         await super().on_event(event)
@@ -462,9 +494,7 @@ class GpuctlApp(App[None]):
             self.set_timer(BAR_RETRY_S, self._open_pending_bar)
             return
         self._bar_pending = None
-        held, self._held_keys = self._held_keys, []
-        for key in held:
-            await App.on_event(self, key)
+        await self._release_keys()
 
     def action_filter(self) -> None:
         """`/`: the top screen's filter (its action_filter), with the focus moved at once."""
@@ -489,6 +519,37 @@ class GpuctlApp(App[None]):
             callback(*args, **kwargs)
             return True
         return super().call_later(callback, *args, **kwargs)
+
+    def _focused_command_bar(self) -> CommandBar | None:
+        focused = self.focused
+        bar = focused.parent if isinstance(focused, Input) else None
+        return bar if isinstance(bar, CommandBar) and bar.is_open else None
+
+    def action_command_bar_key(self, key: str) -> None:
+        """Enter ("submit": the command runs now) or Escape ("cancel") in the `:` bar, handled
+        as the key is read, so that the keys typed after it act after it."""
+        bar = self._focused_command_bar()
+        if bar is None:
+            return
+        if key == "submit":
+            # The characters typed before Enter may still wait on the Input's queue: read the
+            # command behind them, and hold the keys typed after Enter until it has run.
+            self._hold_keys()
+            bar.input.call_later(self._submit_bar, bar)
+        else:
+            bar.action_cancel()
+
+    def _submit_bar(self, bar: CommandBar) -> None:
+        """(On the Input's queue, after the characters typed before Enter.)"""
+        text = bar.take()
+        self.call_later(self._run_submitted, text)
+
+    async def _run_submitted(self, text: str) -> None:
+        try:
+            if text:
+                self.run_command(text)
+        finally:
+            await self._release_keys()
 
     def on_command_bar_submitted(self, message: CommandBar.Submitted) -> None:
         if message.text:

@@ -1120,6 +1120,10 @@ async def test_keys_typed_right_after_colon_go_into_the_command_bar(source):
         await settle(app, pilot)
         assert stack_names(app) == ["FleetScreen", "LeasesScreen", "NodeDetailScreen"]
         assert app.screen.node_name == "node-03"
+        # Enter / Escape in the bar act before the keys typed after them
+        post_keys(app, "colon", *"nodes", "enter", "l", "colon", *"depts", "escape", "d")
+        await settle(app, pilot)
+        assert stack_names(app) == ["FleetScreen", "BoardScreen"]
         assert list(app.flash_log) == []
 
 
@@ -1165,30 +1169,39 @@ async def test_modals_dim_the_screen_behind_and_too_small_covers_it(source):
         assert "node-01" not in "\n".join(screen_lines(app))
 
 
-async def test_a_dialog_renders_the_dimmed_backdrop_once(source, monkeypatch):
+async def test_a_dialog_dims_the_board_cheaply_and_keeps_it_up_to_date(source, monkeypatch):
     from textual.renderables.background_screen import BackgroundScreen
 
     from gpuctl.screens.move_dialog import DepartmentPickerScreen
 
-    renders = []
+    rich_renders = []
     real = BackgroundScreen.__rich_console__
     monkeypatch.setattr(BackgroundScreen, "__rich_console__",
-                        lambda self, console, options: renders.append(1) or real(self, console, options))
+                        lambda self, console, options: rich_renders.append(1) or real(self, console, options))
     app = make_app(source)
     async with app.run_test(size=SIZE) as pilot:
         await settle(app, pilot)
         assert app.run_command("depts")
         await settle(app, pilot)
-        renders.clear()
+        reparses = []
+        real_reparse = app.stylesheet.reparse
+        monkeypatch.setattr(app.stylesheet, "reparse", lambda: reparses.append(1) or real_reparse())
         await pilot.press("m")
         await settle(app, pilot)
+        picker = app.screen
+        assert isinstance(picker, DepartmentPickerScreen)
+        assert reparses == []  # no per-dialog CSS: the first open re-styled the whole app
+        assert rich_renders == []  # Textual's re-render-and-blend-every-segment path is not used
+        drawn = picker.backdrop_lines_drawn
+        assert SIZE[1] <= drawn <= 6 * SIZE[1]
         await pilot.press("down", "down")
         await settle(app, pilot)
-        assert isinstance(app.screen, DepartmentPickerScreen)
-        assert len(renders) == 1  # was 6 (+1 per repaint of the dialog), ~25 ms each
+        assert picker.backdrop_lines_drawn == drawn  # the dialog's own repaints redraw no backdrop
+        lines = screen_lines(app)
+        assert "research" in lines[2]  # the board shows through (column titles)
         await pilot.resize_terminal(100, 30)
         await settle(app, pilot)
-        assert len(renders) == 2  # a new size renders it again
+        assert picker.backdrop_lines_drawn >= drawn + 30  # a new size draws it again
 
 
 async def test_help_lists_each_key_once_and_every_screens_keys(source):
@@ -1434,3 +1447,31 @@ def test_tmux_colon_and_command_in_one_send_keys_opens_the_node():
         assert time.monotonic() - t0 < 5.0
     finally:
         subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+
+
+async def test_keys_typed_right_after_slash_go_into_the_filter(source, monkeypatch):
+    from textual.widgets import Input
+
+    typed: list[str] = []
+    real = Input._on_key
+
+    async def spy(self, event):
+        if self.id == "filter":
+            typed.append(event.key)
+        return await real(self, event)
+
+    monkeypatch.setattr(Input, "_on_key", spy)
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        post_keys(app, "slash", *"node", "minus", "0", "2")  # its `d` must not open the board
+        await settle(app, pilot)
+        assert stack_names(app) == ["FleetScreen"]
+        assert typed == ["n", "o", "d", "e", "minus", "0", "2"]  # every key reached the filter
+        assert app.focused is app.screen.query_one("#filter")
+        post_keys(app, "escape")
+        await settle(app, pilot)
+        post_keys(app, "l")  # keys typed outside an Input act again
+        await settle(app, pilot)
+        assert stack_names(app) == ["FleetScreen", "LeasesScreen"]
+        assert not app.check_action("filter", ())  # `/` on a screen without a filter: not taken

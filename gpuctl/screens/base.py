@@ -8,20 +8,28 @@ top one (the fleet table under the board, the board under a dialog) does not red
 stale and redraws from the latest snapshot when it is shown again (ScreenResume).
 
 GpuctlModal dims the screen below it (app.tcss: `ModalScreen { background: $background 60%; }`)
-and renders that dimmed backdrop once per terminal size: Textual's translucent-screen renderable
-re-renders and re-tints the whole screen below every time the modal repaints (about 6 times while
-a dialog opens: ~25 ms each at 120x40 here, the bulk of the 0.3-2 s it took to open the board's
-`m` dialog on a loaded machine). The screen below does not change meanwhile (see above).
+the way Textual does, but cheaply. Textual's translucent-screen renderable re-composites the
+whole screen below and blends a new style for every segment each time the modal repaints (6
+times while the board's `m` dialog opens, 25-45 ms each at 120x40 here: the bulk of the 0.3-2 s
+it took on a loaded machine). GpuctlModal keeps the tinted lines, redraws only the lines the
+screen below repainted (it refreshes the top screen with those regions), and blends each
+distinct style once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from rich.segment import Segment
+from rich.style import Style as RichStyle
 from textual.app import ComposeResult
+from textual.color import Color
 from textual.css.query import NoMatches
 from textual.renderables.background_screen import BackgroundScreen
 from textual.screen import ModalScreen, Screen, ScreenResultType
 from textual.strip import Strip
-from textual.visual import RichVisual, Visual
+from textual.geometry import Region, Size
+from textual.visual import Visual
 from textual.widget import Widget
 from textual.widgets import Footer
 
@@ -146,21 +154,17 @@ class GpuctlScreen(Screen[None]):
         return True
 
 
-class _CachedBackdrop(Visual):
-    """The modal's translucent background (the screen below, tinted) rendered once per size."""
+class _DimmedBackdrop(Visual):
+    """The screen below `modal`, tinted with `color` (what Textual's BackgroundScreen draws),
+    kept by the modal and redrawn only where the screen below repainted (GpuctlModal.refresh)."""
 
-    def __init__(self, modal: GpuctlModal, renderable: object):
+    def __init__(self, modal: GpuctlModal, below: Screen, color: Color):
         self._modal = modal
-        self._renderable = renderable
+        self._below = below
+        self._color = color
 
     def render_strips(self, width, height, style, options) -> list[Strip]:  # noqa: ANN001
-        key = (width, height, self._modal.app.theme)
-        cached = self._modal._backdrop
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        strips = RichVisual(self._modal, self._renderable).render_strips(width, height, style, options)
-        self._modal._backdrop = (key, strips)
-        return strips
+        return self._modal._backdrop_strips(self._below, self._color, Size(width, height or self._modal.size.height))
 
     def get_optimal_width(self, rules, container_width: int) -> int:  # noqa: ANN001
         return container_width
@@ -170,14 +174,73 @@ class _CachedBackdrop(Visual):
 
 
 class GpuctlModal(ModalScreen[ScreenResultType]):
-    """A modal screen over a dimmed, once-rendered copy of the screen below (see module doc)."""
+    """A modal screen over the dimmed screen below it (see the module doc)."""
 
     def __init__(self, name: str | None = None, id: str | None = None, classes: str | None = None):
         super().__init__(name=name, id=id, classes=classes)
-        self._backdrop: tuple[tuple[int, int | None, str], list[Strip]] | None = None
+        self._tints: dict[Color, Callable[[RichStyle | None], RichStyle]] = {}
+        self._backdrop: tuple[tuple[int, Size, Color], list[Strip]] | None = None
+        self._dirty_lines: set[int] = set()
+        #: Backdrop lines drawn (tests: a dialog does not redraw the screen below on each repaint).
+        self.backdrop_lines_drawn = 0
+
+    def refresh(self, *regions, **kwargs):  # noqa: ANN001, ANN201 - Widget.refresh's signature
+        # A screen below that repaints part of itself (a widget losing the focus to this modal,
+        # its footer's keys) refreshes the top screen with those regions: redraw those lines.
+        for region in regions:
+            self._dirty_lines.update(range(region.y, region.bottom))
+        return super().refresh(*regions, **kwargs)
+
+    def _backdrop_strips(self, below: Screen, color: Color, size: Size) -> list[Strip]:
+        key = (id(below), size, color)
+        cached = self._backdrop
+        compositor = below._compositor  # noqa: SLF001 - what Textual's BackgroundScreen draws
+        if cached is None or cached[0] != key:
+            strips = compositor.render_strips(size)
+            lines = range(len(strips))
+        else:
+            strips = list(cached[1])
+            lines = sorted(y for y in self._dirty_lines if 0 <= y < len(strips))
+            if not lines:
+                return strips
+            crop = Region(0, lines[0], size.width, lines[-1] - lines[0] + 1)
+            wanted = set(lines)
+            chops = compositor._render_chops(crop, wanted.__contains__)  # noqa: SLF001
+            for y in lines:
+                strips[y] = Strip.join([strip for strip in chops[y].values() if strip is not None])
+        self._dirty_lines.clear()
+        tint = self._tint_for(color)
+        for y in lines:
+            strip = strips[y]
+            strips[y] = Strip([seg if seg.control else Segment(seg.text, tint(seg.style), None) for seg in strip],
+                              strip.cell_length)
+        self.backdrop_lines_drawn += len(lines)
+        self._backdrop = (key, strips)
+        return strips
+
+    def _tint_for(self, color: Color) -> Callable[[RichStyle | None], RichStyle]:
+        """style -> the style blended with `color` (BackgroundScreen.process_segments' blend),
+        memoized."""
+        tint = self._tints.get(color)
+        if tint is not None:
+            return tint
+        memo: dict[RichStyle | None, RichStyle] = {}
+        null = RichStyle()
+
+        def tint(style: RichStyle | None) -> RichStyle:
+            done = memo.get(style)
+            if done is None:
+                base = null if style is None else style.clear_meta_and_links()
+                fg = (Color.from_rich_color(base.color) + color).rich_color if base.color is not None else None
+                bg = (Color.from_rich_color(base.bgcolor) + color).rich_color if base.bgcolor is not None else None
+                done = memo[style] = base + RichStyle.from_color(fg, bg)
+            return done
+
+        self._tints = {color: tint}
+        return tint
 
     def render(self):  # noqa: ANN201 - a Visual or whatever Screen.render gives
         background = super().render()
-        if isinstance(background, BackgroundScreen):
-            return _CachedBackdrop(self, background)
+        if isinstance(background, BackgroundScreen) and background.color.a > 0:
+            return _DimmedBackdrop(self, background.screen, background.color)
         return background

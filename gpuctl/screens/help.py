@@ -10,7 +10,6 @@ SCREEN_KEYS replace terse binding descriptions.
 from __future__ import annotations
 
 from rich.table import Table
-from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -149,6 +148,7 @@ class HelpScreen(GpuctlModal[None]):
     HelpScreen > VerticalScroll { width: 76; max-width: 100%; height: auto; max-height: 100%;
         border: round $primary; background: $surface; padding: 0 1; scrollbar-size-vertical: 1; }
     HelpScreen .help-title { text-style: bold; color: $accent; }
+    HelpScreen .help-section { text-style: bold underline; margin: 1 0 0 0; }
     """
     BINDINGS = [
         Binding("escape", "dismiss", "Close"),
@@ -204,18 +204,16 @@ class HelpScreen(GpuctlModal[None]):
         return _dedupe(rows)
 
     def compose(self) -> ComposeResult:
-        table = Table(box=None, show_header=False, expand=True, padding=(0, 2, 0, 0))
-        table.add_column("key / command", no_wrap=True, style="bold", width=KEY_WIDTH)
-        table.add_column("does", ratio=1)
-        for i, (title, rows) in enumerate(self.help_sections()):
-            if i:
-                table.add_row("", "")
-            table.add_row(Text(title, style="underline"), "")
-            for key, desc in rows:
-                table.add_row(key, desc)
         with VerticalScroll():
             yield Static("gpuctl keys (esc closes)", classes="help-title")
-            yield Static(table)
+            for title, rows in self.help_sections():
+                table = Table(box=None, show_header=False, expand=True, padding=(0, 2, 0, 0))
+                table.add_column("key / command", no_wrap=True, style="bold", width=KEY_WIDTH)
+                table.add_column("does", ratio=1)
+                for key, desc in rows:
+                    table.add_row(key, desc)
+                yield Static(title, classes="help-section", markup=False)
+                yield Static(table)
 
     def on_mount(self) -> None:
         self.query_one(VerticalScroll).focus()

@@ -107,12 +107,21 @@ class CommandBar(Horizontal):
         for footer in self.screen.query(Footer):
             footer.display = not open_
 
+    def take(self) -> str:
+        """Close the bar and return what was typed (stripped, without a leading ":")."""
+        text = self.input.value.strip().removeprefix(":").strip()
+        self.close()
+        return text
+
+    def submit(self) -> None:
+        """Close the bar and post Submitted with what was typed (Enter)."""
+        if self.is_open:
+            self.post_message(self.Submitted(self, self.take()))
+
     @on(Input.Submitted, "#command-input")
     def _submitted(self, event: Input.Submitted) -> None:
         event.stop()
-        text = event.value.strip().removeprefix(":").strip()
-        self.close()
-        self.post_message(self.Submitted(self, text))
+        self.submit()
 
     def on_descendant_blur(self, _event: object) -> None:
         """The focus went elsewhere (a click outside the bar): hide the bar, run nothing."""
