@@ -80,3 +80,14 @@ def test_demo_console_at_80x24_shows_fleet_and_quits_cleanly(tmux_session):
     while time.monotonic() < deadline and (set(_demo_daemons()) - before):
         time.sleep(0.2)
     assert not (set(_demo_daemons()) - before), "demo daemons still running after q"
+
+
+def test_filter_typed_in_one_burst_keeps_every_key(tmux_session):
+    """`/sim-03` written at once (a fast typist, a paste): every key lands in order in the filter."""
+    _wait_for(tmux_session, lambda s: "sim-01" in s and "%" in s)
+    _tmux("send-keys", "-t", tmux_session, "-l", "/sim-03")
+    screen = _wait_for(tmux_session, lambda s: "sim-03" in s and "sim-01" not in s, timeout_s=10)
+    assert "sim-02" not in screen and "sim-04" not in screen
+    _tmux("send-keys", "-t", tmux_session, "Escape")
+    time.sleep(0.5)
+    _tmux("send-keys", "-t", tmux_session, "q")

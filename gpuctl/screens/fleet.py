@@ -203,12 +203,17 @@ class FleetScreen(GpuctlScreen):
         return inp
 
     def set_filter(self, text: str) -> None:
-        """Show only rows whose search text contains `text` (case-insensitive)."""
-        self.filter_text = text
+        """Show only rows whose search text contains `text` (case-insensitive), and put `text` in
+        the filter Input (programmatic use: commands, tests, Escape)."""
         inp = self.filter_input()
         if inp.value != text:
             inp.value = text
-        inp.set_class(bool(text), "-active")
+        self._apply_filter(text)
+
+    def _apply_filter(self, text: str) -> None:
+        """Filter the rows by `text` without touching the Input (it may already hold newer keys)."""
+        self.filter_text = text
+        self.filter_input().set_class(bool(text), "-active")
         snapshot = self.app.snapshot
         if snapshot is not None:
             self.show_snapshot(snapshot)
@@ -227,8 +232,11 @@ class FleetScreen(GpuctlScreen):
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:
         event.stop()
-        if event.value != self.filter_text:
-            self.set_filter(event.value)
+        # Changed events trail fast typing: filter by what the Input holds now, never write an
+        # older value back into it (that lost and reordered keys)
+        latest = event.input.value
+        if latest != self.filter_text:
+            self._apply_filter(latest)
 
     @on(Input.Submitted, "#filter")
     def _filter_submitted(self, event: Input.Submitted) -> None:
