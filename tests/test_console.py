@@ -1444,7 +1444,7 @@ def test_tmux_colon_and_command_in_one_send_keys_opens_the_node():
         t0 = time.monotonic()
         _tmux("send-keys", "-t", name, "q")
         _wait_screen(name, lambda s: "gpuctl ▸" not in s, timeout_s=15)
-        assert time.monotonic() - t0 < 5.0
+        assert time.monotonic() - t0 < 8.0  # generous: CI machines are shared
     finally:
         subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
 

@@ -224,10 +224,15 @@ class NodeDetailScreen(GpuctlScreen):
         since = self._history.get(uuid, _GpuHistory()).cursor
         self._fetch_history(uuid, since)
 
-    @work(thread=True, exclusive=True, exit_on_error=False, group="history")
-    def _fetch_history(self, uuid: str, since: int) -> None:
+    @work(exclusive=True, exit_on_error=False, group="history")
+    async def _fetch_history(self, uuid: str, since: int) -> None:
+        # the blocking call runs on a daemon thread (gpuctl.app.run_in_daemon_thread): quitting the
+        # console never waits for a history request to a slow node
+        from gpuctl.app import run_in_daemon_thread
+
         try:
-            cursor, samples = self.app.source.history(self.node_name, uuid, since)
+            cursor, samples = await run_in_daemon_thread(
+                lambda: self.app.source.history(self.node_name, uuid, since), name="gpuctl-history")
         except Exception as e:  # noqa: BLE001 - any failure of the source is shown, not raised
             self.post_message(HistoryFetched(self.node_name, uuid, since, error=f"history unavailable: {e}"))
             return
