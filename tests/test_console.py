@@ -1414,7 +1414,10 @@ def _wait_screen(session: str, predicate, timeout_s: float = 40.0) -> str:
     deadline = time.monotonic() + timeout_s
     screen = ""
     while time.monotonic() < deadline:
-        screen = _tmux("capture-pane", "-p", "-t", session)
+        try:
+            screen = _tmux("capture-pane", "-p", "-t", session)
+        except subprocess.CalledProcessError:
+            screen = ""  # the session ended: its program exited (e.g. after `q`)
         if predicate(screen):
             return screen
         time.sleep(0.2)
