@@ -19,9 +19,26 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+@dataclass(frozen=True)
+class Node:
+    """Stand-in with NodeConfig's attributes (the transports duck-type it)."""
+
+    name: str
+    host: str
+    user: str | None = None
+    port: int | None = None
+    identity_file: str | None = None
+    socket: str | None = None
+    transport: str = "ssh"
+    gpuctld: str = f"{sys.executable} -m gpuctl.daemon"
+    timeout_s: float = 5.0
+
 
 SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = shutil.which("ssh-keygen") or "/usr/bin/ssh-keygen"

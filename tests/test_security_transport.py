@@ -6,14 +6,11 @@ socket path and daemon command reach the exec channel shell-quoted (no command i
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from daemon_proc import REPO_ROOT
-from sshd import SshServer, keygen, sshd_available
+from sshd import Node, SshServer, keygen, sshd_available
 
 from gpuctl.transport import TransportError, open_transport
 
@@ -21,21 +18,6 @@ pytestmark = [
     pytest.mark.sshd,
     pytest.mark.skipif(not sshd_available(), reason="needs /usr/sbin/sshd and ssh-keygen"),
 ]
-
-
-@dataclass(frozen=True)
-class Node:
-    """Stand-in with NodeConfig's attributes (the transports duck-type it)."""
-
-    name: str
-    host: str
-    user: str | None = None
-    port: int | None = None
-    identity_file: str | None = None
-    socket: str | None = None
-    transport: str = "ssh"
-    gpuctld: str = f"{sys.executable} -m gpuctl.daemon"
-    timeout_s: float = 5.0
 
 
 @pytest.fixture(scope="module")

@@ -9,16 +9,15 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from daemon_proc import REPO_ROOT, start_daemon
-from sshd import SshServer, free_port, keygen, sshd_available
+from sshd import Node, SshServer, free_port, keygen, sshd_available
 
 from gpuctl.transport import TransportError, open_transport
 from gpuctl.transport.ssh import SshTransport
@@ -27,21 +26,6 @@ pytestmark = [
     pytest.mark.sshd,
     pytest.mark.skipif(not sshd_available(), reason="needs /usr/sbin/sshd and ssh-keygen"),
 ]
-
-
-@dataclass(frozen=True)
-class Node:
-    """Stand-in with NodeConfig's attributes (the transports duck-type it)."""
-
-    name: str
-    host: str
-    user: str | None = None
-    port: int | None = None
-    identity_file: str | None = None
-    socket: str | None = None
-    transport: str = "ssh"
-    gpuctld: str = f"{sys.executable} -m gpuctl.daemon"
-    timeout_s: float = 5.0
 
 
 @pytest.fixture(scope="module")
