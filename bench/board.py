@@ -50,18 +50,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+if str(ROOT / "bench") not in sys.path:  # bench/_stats.py, also when loaded by file path
+    sys.path.insert(0, str(ROOT / "bench"))
+
+from _stats import percentile  # noqa: E402
 
 OPEN_TARGET_MS = 500.0
 UPDATE_TARGET_MS = 50.0
-
-
-def _percentile(values: list[float], q: float) -> float:
-    """The q-quantile (0..1) of `values`, nearest-rank; NaN for no values."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, int(round(q * len(ordered) + 0.5)) - 1))
-    return ordered[k]
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -215,17 +210,17 @@ def run_fleet(nodes: int, gpus_per_node: int, opens: int, updates: int, size: tu
         "opens": len(state["opens"]),
         "updates": len(update),
         "apply_ms_median": round(statistics.median(apply), 2),
-        "apply_ms_p95": round(_percentile(apply, 0.95), 2),
+        "apply_ms_p95": round(percentile(apply, 0.95), 2),
         "paint_ms_median": round(statistics.median(paint), 2),
-        "paint_ms_p95": round(_percentile(paint, 0.95), 2),
+        "paint_ms_p95": round(percentile(paint, 0.95), 2),
         "update_ms_median": round(statistics.median(update), 2),
-        "update_ms_p95": round(_percentile(update, 0.95), 2),
+        "update_ms_p95": round(percentile(update, 0.95), 2),
         "update_ms_max": round(max(update), 2),
         "update_cpu_ms_median": round(statistics.median(update_cpu), 2),
-        "update_cpu_ms_p95": round(_percentile(update_cpu, 0.95), 2),
+        "update_cpu_ms_p95": round(percentile(update_cpu, 0.95), 2),
         "paints_per_update_median": statistics.median(t["paints"] for t in ticks),
         "board_ms_median": round(statistics.median(board), 2),
-        "board_ms_p95": round(_percentile(board, 0.95), 2),
+        "board_ms_p95": round(percentile(board, 0.95), 2),
     }
 
 

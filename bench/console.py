@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import os
 import resource
 import statistics
@@ -48,6 +47,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+if str(ROOT / "bench") not in sys.path:  # bench/_stats.py, also when loaded by file path
+    sys.path.insert(0, str(ROOT / "bench"))
+
+from _stats import percentile  # noqa: E402
 
 TICK_TARGET_MS = 50.0
 CPU_TARGET_PCT = 25.0
@@ -57,15 +60,6 @@ def _cpu_s() -> float:
     """User + system CPU seconds of this process, all threads (resource.getrusage)."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
-
-
-def _percentile(values: list[float], q: float) -> float:
-    """The q-quantile (0..1) of `values`, nearest-rank; NaN for no values."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))
-    return ordered[k]
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -189,14 +183,14 @@ def run_fleet(nodes: int, gpus_per_node: int, seconds: float, refresh_s: float, 
         "first_apply_ms": round(ticks[0]["apply_ms"], 2),
         "first_paint_ms": round(ticks[0]["paint_ms"], 2),
         "apply_ms_median": round(statistics.median(apply), 2) if apply else None,
-        "apply_ms_p95": round(_percentile(apply, 0.95), 2),
+        "apply_ms_p95": round(percentile(apply, 0.95), 2),
         "paint_ms_median": round(statistics.median(paint), 2) if paint else None,
-        "paint_ms_p95": round(_percentile(paint, 0.95), 2),
+        "paint_ms_p95": round(percentile(paint, 0.95), 2),
         "tick_ms_median": round(statistics.median(tick), 2) if tick else None,
-        "tick_ms_p95": round(_percentile(tick, 0.95), 2),
+        "tick_ms_p95": round(percentile(tick, 0.95), 2),
         "tick_ms_max": round(max(tick), 2) if tick else None,
         "tick_cpu_ms_median": round(statistics.median(tick_cpu), 2) if tick_cpu else None,
-        "tick_cpu_ms_p95": round(_percentile(tick_cpu, 0.95), 2),
+        "tick_cpu_ms_p95": round(percentile(tick_cpu, 0.95), 2),
         "paints_per_poll_median": statistics.median([t["paints"] for t in window]) if window else None,
         "rows_ms_median": round(statistics.median(rows_ms[1:]), 2) if len(rows_ms) > 1 else None,
         "cpu_pct": round(cpu_s / wall_s * 100.0, 1),

@@ -168,6 +168,12 @@ def config_path(args: argparse.Namespace) -> tuple[Path, str]:
     return default_config_path(), "the default path"
 
 
+def _check_node(cfg, name: str | None) -> None:
+    """Raise UsageError naming --node when `name` is given and not a node of the config."""
+    if name and cfg.node(name) is None:
+        raise UsageError(f"--node: unknown node {name!r} (known: {', '.join(n.name for n in cfg.nodes)})")
+
+
 def _fleet(args: argparse.Namespace, cfg):
     from gpuctl.client import FleetClient, default_transport_factory
     from gpuctl.config import ConfigError
@@ -261,8 +267,7 @@ def _print_status(snapshot, cfg) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     cfg = _load_config(args)
-    if args.node and cfg.node(args.node) is None:
-        raise UsageError(f"--node: unknown node {args.node!r} (known: {', '.join(n.name for n in cfg.nodes)})")
+    _check_node(cfg, args.node)
     fleet = _fleet(args, cfg)
     try:
         snap = fleet.snapshot([args.node] if args.node else None)
@@ -393,8 +398,7 @@ def cmd_reassign(args: argparse.Namespace) -> int:
         src=args.src, dst=args.dst, count=args.count, gpus=args.gpus, slice_ids=args.slice_ids,
         node=args.node, leased="drain" if args.drain else "revoke" if args.revoke else "refuse",
         request_id=args.request_id, dry_run=args.dry_run)
-    if args.node and cfg.node(args.node) is None:
-        raise UsageError(f"--node: unknown node {args.node!r} (known: {', '.join(n.name for n in cfg.nodes)})")
+    _check_node(cfg, args.node)
     fleet = _fleet(args, cfg)
     try:
         p = prepare(fleet, req)

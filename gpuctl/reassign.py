@@ -16,7 +16,7 @@ from typing import Any
 
 from gpuctl.client import FleetClient, NodeClient, NodeError
 from gpuctl.exit_codes import ExitCode
-from gpuctl.model import UNASSIGNED, FleetSnapshot, GpuStatus, NodeStatus, Slice
+from gpuctl.model import UNASSIGNED, FleetSnapshot, GpuStatus, Slice
 
 #: Tolerance when summing fractions of slices (fractions are exact binary floats; this is slack).
 _EPS = 1e-9
@@ -379,11 +379,3 @@ def execute(fleet: FleetClient, p: Plan) -> ReassignResult:
 def reassign(fleet: FleetClient, req: ReassignRequest) -> ReassignResult:
     """prepare + execute in one call (the console's path; the CLI confirms in between)."""
     return execute(fleet, prepare(fleet, req))
-
-
-def node_of(snapshot: FleetSnapshot, slice_id: str) -> NodeStatus | None:
-    """The node holding a slice id in a snapshot, or None."""
-    for n in snapshot.nodes:
-        if any(s.id == slice_id for s in n.slices()):
-            return n
-    return None

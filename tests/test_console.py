@@ -1011,8 +1011,8 @@ def test_bench_console_rejects_bad_arguments():
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--seconds", "0"])
     assert exit_info.value.code == 2
-    assert bench._percentile([5.0, 1.0, 3.0, 2.0, 4.0], 0.5) == 3.0
-    assert bench._percentile([float(i) for i in range(1, 101)], 0.95) == 95.0
+    assert bench.percentile([5.0, 1.0, 3.0, 2.0, 4.0], 0.5) == 3.0
+    assert bench.percentile([float(i) for i in range(1, 101)], 0.95) == 95.0
 
 
 # -- navigation, command bar, modals, header, hidden screens, quitting -------------------------

@@ -532,17 +532,7 @@ class SshTransport:
             command = bridge_command(self.node.gpuctld, self.node.socket)
         except ValueError as exc:
             raise self._fail(f"gpuctld command {self.node.gpuctld!r} is not valid: {exc}", "config") from exc
-        for attempt in (1, 2):
-            t = self._ensure_connected()
-            try:
-                channel = t.open_session(timeout=self.timeout_s)
-                break
-            except (paramiko.SSHException, EOFError, OSError) as exc:
-                with self._lock:
-                    if self._ssh is t:
-                        self._drop_ssh()
-                if attempt == 2:
-                    raise self._fail(f"cannot open an SSH channel: {exc or type(exc).__name__}") from exc
+        channel = self._session()
         self.channels_opened += 1
         try:
             self._exec(channel, command)
