@@ -82,7 +82,10 @@ class GpuSample:
     error: a per-GPU error ("lost: node needs reboot") when the GPU did not answer at all.
     processes_error: why the process list is unknown (e.g. "process list unavailable (driver too
     old)"); a GPU with an unknown process list is never treated as idle by reassignment.
-    process_count: number of compute processes (nvmlDeviceGetComputeRunningProcesses), None if unknown.
+    process_count: number of compute processes (nvmlDeviceGetComputeRunningProcesses, entries that
+    are not processes dropped: see gpuctl.backends.nvml_processes), None if unknown.
+    process_memory_used_bytes: GPU memory those processes use (bytes, sum of usedGpuMemory), None
+    when unknown or when NVML gives no figure for one of them (never a partial sum).
     quality_events: count of out-of-range readings dropped from this sample (data-quality events).
     """
 
@@ -97,6 +100,7 @@ class GpuSample:
     power_w: float | None = None
     sm_clock_mhz: int | None = None
     process_count: int | None = None
+    process_memory_used_bytes: int | None = None
     processes_error: str | None = None
     error: str | None = None
     quality_events: int = 0

@@ -28,6 +28,7 @@ from typing import Any
 import pynvml
 
 from gpuctl.backends.base import BackendError, GpuBackend
+from gpuctl.backends.nvml_processes import validate_processes
 from gpuctl.model import GpuIdentity, GpuSample
 
 log = logging.getLogger(__name__)
@@ -290,7 +291,8 @@ class NvmlBackend(GpuBackend):
         nvmlDeviceGetMemoryInfo v2, else v1 with reserved None); temperature_c (°C,
         nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)); power_w (W, nvmlDeviceGetPowerUsage mW /
         1000); sm_clock_mhz (MHz, nvmlDeviceGetClockInfo(NVML_CLOCK_SM)); process_count
-        (len(nvmlDeviceGetComputeRunningProcesses)). N/A figures are None, out-of-range ones None
+        (valid entries of nvmlDeviceGetComputeRunningProcesses); process_memory_used_bytes (their
+        usedGpuMemory summed, bytes; None when one is N/A). N/A figures are None, out-of-range ones None
         and counted in quality_events. Never raises for a GPU's trouble; raises BackendError
         (code "nvml_closed") after :meth:`close`.
         """
@@ -325,7 +327,9 @@ class NvmlBackend(GpuBackend):
                 self._query(gpu, "nvmlDeviceGetClockInfo", gpu.handle, pynvml.NVML_CLOCK_SM),
                 0, _MAX_CLOCK_MHZ,
             )
-            figures.update(self._processes(gpu))
+            processes = self._processes(gpu)
+            figures["quality_events"] += processes.pop("quality_events", 0)
+            figures.update(processes)
         except GpuLostError:
             return GpuSample(uuid=uuid, timestamp_s=now, error=LOST_ERROR)
         except Exception as exc:  # a binding bug must not hide the other GPUs
@@ -402,7 +406,10 @@ class NvmlBackend(GpuBackend):
         return out
 
     def _processes(self, gpu: _Gpu) -> dict[str, Any]:
-        """process_count (nvmlDeviceGetComputeRunningProcesses) or processes_error saying why not."""
+        """process_count and process_memory_used_bytes of the valid entries of
+        nvmlDeviceGetComputeRunningProcesses (see gpuctl.backends.nvml_processes: entries that are
+        not processes are dropped, never counted or summed, and each adds a quality event), or
+        processes_error saying why the list is unknown."""
         procs = self._query(gpu, "nvmlDeviceGetComputeRunningProcesses", gpu.handle)
         if isinstance(procs, Unavailable):
             if procs.code == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
@@ -410,7 +417,13 @@ class NvmlBackend(GpuBackend):
             else:
                 why = f"process list unavailable ({procs.reason})"
             return {"process_count": None, "processes_error": why}
-        return {"process_count": len(procs), "processes_error": None}
+        valid = validate_processes(procs)
+        if valid.dropped:
+            self._log_once(gpu, "range:processes", logging.WARNING,
+                           f"nvmlDeviceGetComputeRunningProcesses listed {valid.dropped} entries that are not "
+                           f"processes (pid 0 or 0xFFFFFFFF, impossible memory): dropped")
+        return {"process_count": valid.count, "process_memory_used_bytes": valid.memory_used_bytes,
+                "processes_error": None, "quality_events": valid.dropped}
 
     # ---- shutdown ------------------------------------------------------------------------
 
