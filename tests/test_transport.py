@@ -21,7 +21,7 @@ from sshd import keygen
 from gpuctl.transport import LocalTransport, TransportError, open_transport, transport_error
 from gpuctl.transport.knownhosts import KnownHosts, fingerprint_sha256, host_entry_name
 from gpuctl.transport.ssh import bridge_command
-from gpuctl.transport.sshconfig import SshConfigError, expand_includes, resolve_host
+from gpuctl.transport.sshconfig import SshConfigError, load_config, resolve_host
 from gpuctl.transport.sshkeys import KeyLoadError, load_private_key, public_blob
 
 CASE_INCLUDE = Path(__file__).parent / "cases" / "ssh" / "include"
@@ -83,7 +83,7 @@ def test_include_loop_is_an_error_naming_the_file(tmp_path):
     loop = tmp_path / "loop.conf"
     loop.write_text(f"Include {loop}\n")
     with pytest.raises(SshConfigError) as info:
-        expand_includes(str(loop))
+        load_config(str(loop))
     assert "Include nested deeper than 16 levels" in str(info.value)
     assert str(loop) in str(info.value)
 
@@ -91,7 +91,7 @@ def test_include_loop_is_an_error_naming_the_file(tmp_path):
 def test_bad_port_and_missing_explicit_config_are_errors(tmp_path):
     cfg = tmp_path / "config"
     cfg.write_text("Host x\n  Port twenty\n")
-    with pytest.raises(SshConfigError, match="Port 'twenty' is not a number"):
+    with pytest.raises(SshConfigError, match=f"{cfg}:2: Port 'twenty' is not a number"):
         resolve_host("x", config_path=str(cfg))
     with pytest.raises(SshConfigError, match=f"ssh config {tmp_path / 'missing'} does not exist"):
         resolve_host("x", config_path=str(tmp_path / "missing"))
@@ -103,7 +103,7 @@ def test_bad_ssh_config_becomes_transport_error_naming_node(tmp_path):
     t = open_transport(node(), ssh_config_path=str(cfg))
     with pytest.raises(TransportError) as info:
         t.http_client().get("/v1/health")
-    assert str(info.value) == "node n1 (h): ssh config for host h: Port 70000 is out of range 1-65535"
+    assert str(info.value) == f"node n1 (h): {cfg}:2: Port 70000 is out of range 1-65535"
     assert info.value.code == "config"
     assert t.connections_opened == 0
     t.close()

@@ -18,8 +18,9 @@ Rules (one copy, used by the NVML backend for ``process_count`` and the process 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 #: NVML's "value not available" for unsigned int (pid) and unsigned long long (memory) fields.
 PID_NOT_AVAILABLE = 0xFFFFFFFF

@@ -34,7 +34,7 @@ from gpuctl.transport.knownhosts import (
     key_type_label,
 )
 from gpuctl.transport.local import BASE_URL
-from gpuctl.transport.sshconfig import SshConfigError, SshHost, load_config, parse_jump, resolve_host
+from gpuctl.transport.sshconfig import SshConfig, SshConfigError, SshHost, load_config, parse_jump, resolve_host
 from gpuctl.transport.sshkeys import KeyLoadError, load_private_key, public_blob
 
 #: known_hosts file of the user, used when no path is given.
@@ -143,7 +143,7 @@ class SshTransport:
         self._use_agent = use_agent
         self._lock = threading.RLock()
         self._host: SshHost | None = None
-        self._config: paramiko.SSHConfig | None = None
+        self._config: SshConfig | None = None
         self._ssh: paramiko.Transport | None = None
         self._hops: list[paramiko.Transport] = []
         self._hop_addresses: list[str] = []
