@@ -59,10 +59,11 @@ def validate_amount(slices: int | None, gpus: float | None) -> None:
 
 
 def idle_slices(slices: list[Slice], department: str, usable_gpus: set[str] | None = None) -> list[Slice]:
-    """The slices of `department` that no lease holds (and, when `usable_gpus` is given, whose GPU
-    is in it: a GPU the backend no longer reports cannot run a worker)."""
+    """The slices of `department` that no lease holds and that may be leased (see
+    Slice.not_leasable_reason), and, when `usable_gpus` is given, whose GPU is in it (a GPU the
+    backend no longer reports cannot run a worker)."""
     return [s for s in slices
-            if s.department == department and s.lease_id is None
+            if s.department == department and s.lease_id is None and s.not_leasable_reason is None
             and (usable_gpus is None or s.gpu_uuid in usable_gpus)]
 
 

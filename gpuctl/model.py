@@ -51,7 +51,16 @@ class GpuIdentity:
     uuid: NVML's UUID (nvmlDeviceGetUUID), e.g. "GPU-9f02c47f-...". index: NVML's index (may change
     across reboots; the UUID does not). pci_bus_id: nvmlDeviceGetPciInfo().busId. memory_total_bytes:
     from nvmlDeviceGetMemoryInfo (None when NVML gave an impossible figure). mig_enabled: current MIG
-    mode (nvmlDeviceGetMigMode), None where unsupported.
+    mode (nvmlDeviceGetMigMode), None where unsupported. A GPU with MIG on is not a slice itself:
+    its MIG devices are listed after it as identities of their own.
+
+    MIG devices (nvmlDeviceGetMigDeviceHandleByIndex on a GPU with MIG on) have: uuid "MIG-...";
+    index: the parent GPU's NVML index; parent_uuid: the parent GPU's UUID; mig_gpu_instance_id /
+    mig_compute_instance_id: NVML's GPU instance and compute instance ids (None when NVML gives
+    none, or 0xFFFFFFFF, which means "not MIG"); mig_compute_share: the device's share of the parent,
+    0..1 (nvmlDeviceGetAttributes computeInstanceSliceCount / nvmlDeviceGetMaxMigDeviceCount of the
+    parent: 1/7 for a 1g device of an H200), None if unknown;
+    memory_total_bytes: the device's own memory. For a physical GPU these are None.
     """
 
     uuid: str
@@ -60,6 +69,15 @@ class GpuIdentity:
     pci_bus_id: str | None = None
     memory_total_bytes: int | None = None
     mig_enabled: bool | None = None
+    parent_uuid: str | None = None
+    mig_gpu_instance_id: int | None = None
+    mig_compute_instance_id: int | None = None
+    mig_compute_share: float | None = None
+
+    @property
+    def is_mig_device(self) -> bool:
+        """True for a MIG device (a GPU instance / compute instance of a parent GPU)."""
+        return self.parent_uuid is not None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,8 +135,12 @@ class GpuSample:
 class Slice:
     """A fraction of one GPU, owned by one department.
 
-    id: :func:`slice_id` of (gpu_uuid, k). fraction: 1, 0.5, 0.25 or 0.125 of the GPU.
-    memory_quota_bytes: the slice's share of the GPU's memory (bytes). compute_share: 0..1 of the SMs.
+    id: :func:`slice_id` of (gpu_uuid, k). fraction: 1, 0.5, 0.25 or 0.125 of the GPU, or a MIG
+    device's share of its parent GPU. memory_quota_bytes: the slice's share of the GPU's memory
+    (bytes); None when the GPU's memory total is unknown (never a made-up 0): such a slice is not
+    leasable (see :attr:`not_leasable_reason`). compute_share: 0..1 of the SMs.
+    mig: True for the slice of a MIG device (gpu_uuid is then the MIG device's UUID): read-only,
+    gpuctl never splits or merges it (the MIG layout is changed with nvidia-smi).
     department: owning department's name, or :data:`UNASSIGNED`. lease_id: the lease holding it, or
     None when idle. pending: a drain-mode reassignment waiting for the lease to end, as
     ``{"to": dept, "request_id": id}``, else None.
@@ -131,12 +153,21 @@ class Slice:
     id: str
     gpu_uuid: str
     fraction: float
-    memory_quota_bytes: int
+    memory_quota_bytes: int | None
     compute_share: float
     department: str = UNASSIGNED
     lease_id: str | None = None
     pending: dict[str, str] | None = None
     usage: dict[str, Any] | None = None
+    mig: bool = False
+
+    @property
+    def not_leasable_reason(self) -> str | None:
+        """Why no lease may take this slice even when free (None: it may)."""
+        if self.memory_quota_bytes is None:
+            return (f"slice {self.id} is not leasable: its memory quota is unknown (NVML gave no memory total "
+                    f"for GPU {self.gpu_uuid})")
+        return None
 
     @property
     def leased(self) -> bool:
@@ -146,6 +177,7 @@ class Slice:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["leased"] = self.leased
+        d["not_leasable_reason"] = self.not_leasable_reason
         return d
 
     @classmethod

@@ -12,7 +12,15 @@ clean clone can run them). A case looks like::
                    "utilization": {"gpu", "memory"}, "utilization_series": [37, 4294967295],
                    "temperature": 51, "power_usage": 16000 (mW), "sm_clock": 1410 (MHz),
                    "mig_mode": [0, 0], "pci_bus_id": "...", "fan_speed": 30,
-                   "compute_running_processes": [{"pid": 1, "usedGpuMemory": null}]}}}
+                   "compute_running_processes": [{"pid": 1, "usedGpuMemory": null}],
+                   "attributes": {"multiprocessorCount": 132, ...}, "max_mig_device_count": 7,
+                   "mig_devices": [{"uuid": "MIG-...", "gpu_instance_id": 1, "compute_instance_id": 0,
+                                    "memory": {...}, "attributes": {...}}, null, ...]}}}
+
+``mig_devices`` lists the MIG devices of a GPU by MIG index (null: an empty slot, NOT_FOUND);
+their handles are ``FakeHandle(index, mig=k)``, and any key a MIG device leaves out falls back to
+:data:`MIG_DEFAULT` (utilization, temperature, power and clocks NotSupported, as on real MIG
+devices), not to the parent's values.
 
 Any value may instead be ``{"error": "NVML_ERROR_..."}``: the call raises
 ``pynvml.NVMLError(code)``, which pynvml turns into the matching subclass. Structs are
@@ -49,6 +57,19 @@ DEFAULT_GPU: dict[str, Any] = {
 }
 
 
+MIG_DEFAULT: dict[str, Any] = {
+    "utilization": {"error": "NVML_ERROR_NOT_SUPPORTED"},
+    "temperature": {"error": "NVML_ERROR_NOT_SUPPORTED"},
+    "power_usage": {"error": "NVML_ERROR_NOT_SUPPORTED"},
+    "sm_clock": {"error": "NVML_ERROR_NOT_SUPPORTED"},
+    "mig_mode": {"error": "NVML_ERROR_NOT_SUPPORTED"},
+    "compute_running_processes": [],
+    "fan_speed": {"error": "NVML_ERROR_NOT_SUPPORTED"},
+    "attributes": {"multiprocessorCount": 16, "gpuInstanceSliceCount": 1, "computeInstanceSliceCount": 1,
+                   "memorySizeMB": 16384},
+}
+
+
 def load_case(filename: str) -> dict[str, Any]:
     """The case `filename` of tests/cases/nvml/ as a dict (a fresh copy each time)."""
     return json.loads((CASES_DIR / filename).read_text(encoding="utf-8"))
@@ -56,9 +77,11 @@ def load_case(filename: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class FakeHandle:
-    """What the fake nvmlDeviceGetHandleByIndex returns: just the index."""
+    """What the fake nvmlDeviceGetHandleByIndex returns: just the index (and, for a MIG device
+    handle from nvmlDeviceGetMigDeviceHandleByIndex, its MIG index)."""
 
     index: int
+    mig: int | None = None
 
 
 def _raise_if_error(spec: Any) -> Any:
@@ -106,6 +129,8 @@ class FakeNvml:
             raise pynvml.NVMLError(self.lost[handle.index])
         if (handle.index, function) in self.broken:
             raise self.broken[(handle.index, function)]
+        if handle.mig is not None:
+            return {**MIG_DEFAULT, **self.gpu(handle.index)["mig_devices"][handle.mig]}
         return self.gpu(handle.index)
 
     def _value(self, spec: dict[str, Any], key: str, default: Any) -> Any:
@@ -132,7 +157,8 @@ class FakeNvml:
 
     def nvmlDeviceGetUUID(self, handle: FakeHandle) -> str:
         spec = self._device("nvmlDeviceGetUUID", handle)
-        return self._value(spec, "uuid", f"GPU-{handle.index:08x}-0000-4000-8000-00000000fake")
+        default = f"MIG-{handle.index:08x}-{handle.mig:04x}-fake" if handle.mig is not None else f"GPU-{handle.index:08x}-0000-4000-8000-00000000fake"
+        return self._value(spec, "uuid", default)
 
     def nvmlDeviceGetName(self, handle: FakeHandle) -> str | bytes:
         spec = self._device("nvmlDeviceGetName", handle)
@@ -188,11 +214,41 @@ class FakeNvml:
         procs = self._value(spec, "compute_running_processes", DEFAULT_GPU["compute_running_processes"])
         return [SimpleNamespace(**p) for p in procs]
 
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: FakeHandle) -> int:
+        spec = self._device("nvmlDeviceGetMaxMigDeviceCount", handle)
+        return self._value(spec, "max_mig_device_count", 7 if "mig_devices" in spec else 0)
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeHandle, index: int) -> FakeHandle:
+        spec = self._device("nvmlDeviceGetMigDeviceHandleByIndex", handle, mig_index=index)
+        devices = spec.get("mig_devices", [])
+        if handle.mig is not None or index >= len(devices) or devices[index] is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        _raise_if_error(devices[index].get("handle", {}))
+        return FakeHandle(handle.index, mig=index)
+
+    def _mig_only(self, function: str, handle: FakeHandle, key: str) -> Any:
+        spec = self._device(function, handle)
+        if handle.mig is None:  # as NVML answers for a handle that is not a MIG device
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._value(spec, key, 0xFFFFFFFF)
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: FakeHandle) -> int:
+        return self._mig_only("nvmlDeviceGetGpuInstanceId", handle, "gpu_instance_id")
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: FakeHandle) -> int:
+        return self._mig_only("nvmlDeviceGetComputeInstanceId", handle, "compute_instance_id")
+
+    def nvmlDeviceGetAttributes(self, handle: FakeHandle) -> SimpleNamespace:
+        spec = self._device("nvmlDeviceGetAttributes", handle)
+        return SimpleNamespace(**self._value(spec, "attributes", {"multiprocessorCount": 132}))
+
     FUNCTIONS = (
         "nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetUUID",
         "nvmlDeviceGetName", "nvmlDeviceGetPciInfo", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates",
         "nvmlDeviceGetTemperature", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetClockInfo", "nvmlDeviceGetMigMode",
-        "nvmlDeviceGetFanSpeed", "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlDeviceGetFanSpeed", "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMaxMigDeviceCount",
+        "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId",
+        "nvmlDeviceGetAttributes",
     )
 
     def install(self, monkeypatch: Any) -> "FakeNvml":

@@ -68,6 +68,13 @@ _V2_UNUSABLE = {
 }
 
 
+def _instance_id(value: Any) -> int | None:
+    """A MIG GPU/compute instance id, or None when N/A or 0xFFFFFFFF (NVML's "not MIG")."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _U32_NA:
+        return value
+    return None
+
+
 def nvml_error_name(code: int | None) -> str:
     """The NVML constant naming error `code`, e.g. 15 -> "NVML_ERROR_GPU_IS_LOST" (or "NVML error N")."""
     for name in dir(pynvml):
@@ -223,8 +230,64 @@ class NvmlBackend(GpuBackend):
             except pynvml.NVMLError as err:
                 gpus.append(self._unreachable_gpu(index, err))
                 continue
-            gpus.append(self._identify(index, handle))
+            gpu = self._identify(index, handle)
+            gpus.append(gpu)
+            if gpu.identity.mig_enabled and gpu.error is None:
+                gpus.extend(self._mig_devices(gpu))
         return gpus
+
+    def _mig_devices(self, parent: _Gpu) -> list[_Gpu]:
+        """The MIG devices of `parent` (MIG on), in MIG index order, each a :class:`_Gpu` of its own.
+
+        nvmlDeviceGetMaxMigDeviceCount gives the slots; nvmlDeviceGetMigDeviceHandleByIndex each
+        device (NVML_ERROR_NOT_FOUND: an empty slot, skipped). Per device: UUID ("MIG-..."), name,
+        memory (nvmlDeviceGetMemoryInfo on the MIG handle, bytes), GPU instance and compute
+        instance ids (nvmlDeviceGetGpuInstanceId / nvmlDeviceGetComputeInstanceId; 0xFFFFFFFF,
+        "not MIG", becomes None), and its compute share (nvmlDeviceGetAttributes
+        computeInstanceSliceCount / max MIG device count; None if unknown). A parent that is lost
+        on the way gives no devices; a device that is lost is listed with its error.
+        """
+        try:
+            slots = self._query(parent, "nvmlDeviceGetMaxMigDeviceCount", parent.handle)
+        except GpuLostError:
+            return []
+        if isinstance(slots, Unavailable) or not isinstance(slots, int) or not 0 < slots < 64:
+            self._log_once(parent, "mig", logging.WARNING,
+                           f"MIG is on but its device count is unknown ({slots!r}): no MIG slices")
+            return []
+        devices: list[_Gpu] = []
+        for i in range(slots):
+            try:
+                handle = self._query(parent, "nvmlDeviceGetMigDeviceHandleByIndex", parent.handle, i)
+            except GpuLostError:
+                return devices
+            if isinstance(handle, Unavailable):
+                continue  # NOT_FOUND: no MIG device in that slot (others were logged once)
+            devices.append(self._identify_mig(parent, i, handle, slots))
+        return devices
+
+    def _identify_mig(self, parent: _Gpu, mig_index: int, handle: Any, slots: int) -> _Gpu:
+        """Read one MIG device's identity; see :meth:`_mig_devices`."""
+        p = parent.identity
+        gpu = _Gpu(p.index, handle, GpuIdentity(uuid=f"unknown-mig-{p.index}-{mig_index}", index=p.index,
+                                                 name="unknown", parent_uuid=p.uuid))
+        try:
+            uuid = self._text_query(gpu, "nvmlDeviceGetUUID", handle) or gpu.identity.uuid
+            name = self._text_query(gpu, "nvmlDeviceGetName", handle) or f"{p.name} MIG"
+            memory = self._memory(gpu)
+            gi = _instance_id(self._query(gpu, "nvmlDeviceGetGpuInstanceId", handle))
+            ci = _instance_id(self._query(gpu, "nvmlDeviceGetComputeInstanceId", handle))
+            attrs = self._query(gpu, "nvmlDeviceGetAttributes", handle)
+        except GpuLostError:
+            return gpu
+        ci_slices = None if isinstance(attrs, Unavailable) else getattr(attrs, "computeInstanceSliceCount", None)
+        share = ci_slices / slots if isinstance(ci_slices, int) and 0 < ci_slices <= slots else None
+        gpu.identity = GpuIdentity(
+            uuid=uuid, index=p.index, name=name, pci_bus_id=p.pci_bus_id,
+            memory_total_bytes=memory["memory_total_bytes"], mig_enabled=None, parent_uuid=p.uuid,
+            mig_gpu_instance_id=gi, mig_compute_instance_id=ci, mig_compute_share=share,
+        )
+        return gpu
 
     def _unreachable_gpu(self, index: int, err: BaseException) -> _Gpu:
         """The record of a GPU whose nvmlDeviceGetHandleByIndex(`index`) failed with `err`."""
@@ -272,7 +335,8 @@ class NvmlBackend(GpuBackend):
         return None if isinstance(value, Unavailable) else to_text(value)
 
     def gpus(self) -> list[GpuIdentity]:
-        """The node's GPUs in NVML index order (read once, at construction).
+        """The node's GPUs in NVML index order (read once, at construction); after a GPU with MIG
+        on come its MIG devices (``parent_uuid`` set; see :meth:`_mig_devices`).
 
         uuid: nvmlDeviceGetUUID; name: nvmlDeviceGetName (always str); pci_bus_id:
         nvmlDeviceGetPciInfo().busId; memory_total_bytes: nvmlDeviceGetMemoryInfo (v2 where the

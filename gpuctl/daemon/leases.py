@@ -57,6 +57,7 @@ from gpuctl.daemon.state import (
     NodeStateManager,
     RequestIdReused,
     SliceLeased,
+    SliceNotLeasable,
     StateError,
     StateWriteError,
     UnknownLease,
@@ -377,6 +378,8 @@ class LeaseManager:
                                  field=where)
             if s.lease_id is not None:
                 raise SliceLeased(f"{where}: slice {sid} is already leased (lease {s.lease_id})", field=where)
+            if s.not_leasable_reason:
+                raise SliceNotLeasable(f"{where}: {s.not_leasable_reason}", field=where)
             if s.gpu_uuid not in self.gpu_index:
                 raise GpuMissing(f"{where}: GPU {s.gpu_uuid} of slice {sid} is not reported by the backend",
                                  field=where)

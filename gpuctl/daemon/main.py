@@ -220,6 +220,8 @@ def serve_main(args: argparse.Namespace) -> int:
             return ExitCode.FAILURE
         for sid in added:
             logging.info("new GPU: slice %s created, owned by nobody (unassigned)", sid)
+        for sid in manager.retired_slices:
+            logging.warning("slice %s removed: its GPU has MIG on, so its MIG devices are the slices", sid)
         for uuid in sorted(manager.missing_gpus):
             logging.warning("GPU %s is in the state file but the backend did not report it; "
                             "its slices and owners are kept and shown as missing", uuid)

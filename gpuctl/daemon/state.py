@@ -130,6 +130,18 @@ class GpuMissing(StateError):
     code = "gpu_missing"
 
 
+class MigReadOnly(StateError):
+    """A split or merge of a MIG device, or of a GPU with MIG on: MIG slices are read-only in gpuctl."""
+
+    code = "mig_read_only"
+
+
+class SliceNotLeasable(StateError):
+    """A lease on a slice that may not be leased (its memory quota is unknown); the message says why."""
+
+    code = "slice_not_leasable"
+
+
 class RequestIdReused(StateError):
     """A request id already recorded for another kind of operation."""
 
@@ -225,7 +237,7 @@ class NodeState:
         for i, raw in enumerate(_list(body, "slices", path)):
             where = f"body.slices[{i}]"
             _require(raw, where, path, id=str, gpu_uuid=str, fraction=(int, float),
-                     memory_quota_bytes=int, compute_share=(int, float), department=str)
+                     memory_quota_bytes=(int, type(None)), compute_share=(int, float), department=str)
             s = Slice.from_json(raw)
             if s.id in state.slices:
                 raise StateCorruptError(path, f"{where}: slice id {s.id!r} appears twice")
@@ -253,6 +265,7 @@ def _slice_record(s: Slice) -> dict[str, Any]:
     d = s.to_json()
     d.pop("leased", None)  # derived from lease_id
     d.pop("usage", None)  # live figures of the lease's worker, not state
+    d.pop("not_leasable_reason", None)  # derived from the quota
     return d
 
 
@@ -425,6 +438,7 @@ class NodeStateManager:
         self._lock = threading.RLock()
         self.gpus: dict[str, GpuIdentity] = {}
         self.missing_gpus: set[str] = set()
+        self.retired_slices: list[str] = []
 
     # -- reading
 
@@ -498,26 +512,51 @@ class NodeStateManager:
     def reconcile(self, gpus: list[GpuIdentity]) -> list[str]:
         """Match the state with the backend's GPUs at start-up.
 
-        A GPU with no slice yet gets one whole slice (fraction 1) owned by UNASSIGNED; the
-        slices of GPUs the backend no longer reports are kept, with their owners and leases, and
-        their GPUs listed in ``missing_gpus``. Returns the ids of the slices added (saved, with
-        the generation bumped, when there are any).
+        A GPU with no slice yet gets one whole slice (fraction 1) owned by UNASSIGNED, with the
+        GPU's memory total as quota (None when the backend does not know it: never a made-up 0;
+        filled in at a later start-up that knows it). A GPU with MIG on is not a slice: its free
+        slices are removed (``retired_slices``); each of its MIG devices gets one read-only slice
+        (``mig=True``, fraction and compute share = the device's share of the parent's SMs, else
+        1 / the parent's MIG device count; quota = the device's memory). The slices of GPUs the
+        backend no longer reports are kept, with their owners and leases, and their GPUs listed in
+        ``missing_gpus``. Returns the ids of the slices added (saved, with the generation bumped,
+        when anything changed).
         """
         with self._lock:
             self.gpus = {g.uuid: g for g in gpus}
             new = self._state.copy()
-            added = []
+            added: list[str] = []
+            retired: list[str] = []
+            filled = False
+            mig_count: dict[str, int] = {}
             for g in gpus:
-                if not new.slices_of(g.uuid):
-                    total = g.memory_total_bytes or 0
-                    sid = slice_id(g.uuid, 0)
-                    new.slices[sid] = Slice(
-                        id=sid, gpu_uuid=g.uuid, fraction=1.0, memory_quota_bytes=total,
-                        compute_share=1.0, department=UNASSIGNED,
-                    )
-                    added.append(sid)
-            if added:
+                if g.parent_uuid is not None:
+                    mig_count[g.parent_uuid] = mig_count.get(g.parent_uuid, 0) + 1
+            for g in gpus:
+                existing = new.slices_of(g.uuid)
+                if g.mig_enabled and not g.is_mig_device:
+                    for s in existing:
+                        if s.lease_id is None:
+                            del new.slices[s.id]
+                            retired.append(s.id)
+                    continue
+                if existing:
+                    filled = _fill_unknown_quotas(existing, g) or filled
+                    continue
+                sid = slice_id(g.uuid, 0)
+                if g.is_mig_device:
+                    share = g.mig_compute_share or 1.0 / mig_count[g.parent_uuid or ""]
+                    new.slices[sid] = Slice(id=sid, gpu_uuid=g.uuid, fraction=share,
+                                            memory_quota_bytes=g.memory_total_bytes, compute_share=share,
+                                            department=UNASSIGNED, mig=True)
+                else:
+                    new.slices[sid] = Slice(id=sid, gpu_uuid=g.uuid, fraction=1.0,
+                                            memory_quota_bytes=g.memory_total_bytes, compute_share=1.0,
+                                            department=UNASSIGNED)
+                added.append(sid)
+            if added or retired or filled:
                 self._commit(new)
+            self.retired_slices = retired
             self.missing_gpus = {s.gpu_uuid for s in self._state.slices.values()} - set(self.gpus)
             return added
 
@@ -593,7 +632,8 @@ class NodeStateManager:
         slices. Memory quota = GPU memory total (bytes, from the backend) x fraction; compute share
         = fraction. Returns ``{"generation", "slices": [Slice.to_json()], "replayed": False}``;
         a request id seen before returns its recorded answer. Raises StaleGeneration, UnknownGpu,
-        GpuMissing (the backend no longer reports it), InvalidRequest (parts), SliceLeased,
+        GpuMissing (the backend no longer reports it), MigReadOnly (a MIG device, or a GPU with MIG on),
+        InvalidRequest (parts), SliceLeased,
         MixedOwners, RequestIdReused, StateWriteError.
         """
         with self._lock:
@@ -605,8 +645,17 @@ class NodeStateManager:
                 raise InvalidRequest(
                     f"parts must be one of {', '.join(map(str, ALLOWED_PARTS))}, got {parts!r}", field="parts"
                 )
+            identity = self.gpus.get(gpu_uuid)
             new = self._state.copy()
             old = new.slices_of(gpu_uuid)
+            if (identity is not None and (identity.is_mig_device or identity.mig_enabled)) or any(s.mig for s in old):
+                what = "is a MIG device" if (identity and identity.is_mig_device) or any(s.mig for s in old) \
+                    else "has MIG on (it is not a slice; its MIG devices are)"
+                raise MigReadOnly(
+                    f"GPU {gpu_uuid} {what}: MIG slices are read-only in gpuctl and are never split or merged; "
+                    f"change the MIG layout with nvidia-smi mig on the node",
+                    field="gpu_uuid",
+                )
             if not old:
                 raise UnknownGpu(f"no GPU {gpu_uuid!r} on this node", field="gpu_uuid")
             if gpu_uuid in self.missing_gpus or (self.gpus and gpu_uuid not in self.gpus):
@@ -626,17 +675,17 @@ class NodeStateManager:
                     f"assign them to one department first",
                     field="gpu_uuid",
                 )
-            identity = self.gpus.get(gpu_uuid)
             total = identity.memory_total_bytes if identity and identity.memory_total_bytes else None
-            if total is None:
-                total = sum(s.memory_quota_bytes for s in old)
+            if total is None and all(s.memory_quota_bytes is not None for s in old):
+                total = sum(s.memory_quota_bytes or 0 for s in old)
             for s in old:
                 del new.slices[s.id]
             fraction = 1.0 / parts
             made = []
             for k in range(parts):
                 s = Slice(id=slice_id(gpu_uuid, k), gpu_uuid=gpu_uuid, fraction=fraction,
-                          memory_quota_bytes=total // parts, compute_share=fraction, department=owners[0])
+                          memory_quota_bytes=None if total is None else total // parts, compute_share=fraction,
+                          department=owners[0])
                 new.slices[s.id] = s
                 made.append(s)
             answer = {"generation": self._state.generation + 1, "slices": [s.to_json() for s in made],
@@ -649,7 +698,8 @@ class NodeStateManager:
         """Record a new lease and mark its slices leased; returns the new generation.
 
         The slices must exist, be idle and belong to ``lease.department``. Raises LeaseExists,
-        InvalidRequest (no slices), UnknownSlice, WrongOwner, SliceLeased, StateWriteError.
+        InvalidRequest (no slices), UnknownSlice, WrongOwner, SliceLeased, SliceNotLeasable (quota
+        unknown), StateWriteError.
         """
         with self._lock:
             if lease.id in self._state.leases:
@@ -668,6 +718,8 @@ class NodeStateManager:
                     )
                 if s.lease_id is not None:
                     raise SliceLeased(f"{where}: slice {sid} is already leased (lease {s.lease_id})", field=where)
+                if s.not_leasable_reason:
+                    raise SliceNotLeasable(f"{where}: {s.not_leasable_reason}", field=where)
                 s.lease_id = lease.id
             new.leases[lease.id] = copy.deepcopy(lease)
             self._commit(new)
@@ -686,6 +738,18 @@ class NodeStateManager:
             applied = _end_lease(new, lease_id)
             self._commit(new)
             return applied
+
+
+def _fill_unknown_quotas(slices: list[Slice], gpu: GpuIdentity) -> bool:
+    """Give `slices` (of `gpu`) whose quota is unknown their share of the GPU's memory total, now
+    that the backend knows it (in place). Returns True when one changed."""
+    total = gpu.memory_total_bytes
+    changed = False
+    for s in slices:
+        if s.memory_quota_bytes is None and total:
+            s.memory_quota_bytes = total if s.mig else total // max(1, round(1 / s.fraction))
+            changed = True
+    return changed
 
 
 def _end_lease(state: NodeState, lease_id: str) -> list[str]:

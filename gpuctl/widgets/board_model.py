@@ -31,7 +31,7 @@ class SliceView:
 
     slice_id: the slice's id ("<gpu-uuid>/<k>"). node: node name. gpu_index, gpu_uuid: the GPU
     holding it (NVML index and UUID). fraction: 1, 0.5, 0.25 or 0.125 of the GPU.
-    memory_quota_bytes: its memory quota (bytes). department: owner (or "unassigned").
+    memory_quota_bytes: its memory quota (bytes; None when unknown). department: owner (or "unassigned").
     lease_id, lease_owner: the lease holding it ("user@host"), None when idle; lease_owner is None
     too when the node did not list that lease. sm_util_pct: the GPU's SM utilization in the
     latest sample (%), None when N/A. gpu_error: the GPU's error ("lost: ...") or None.
@@ -43,7 +43,7 @@ class SliceView:
     gpu_index: int
     gpu_uuid: str
     fraction: float
-    memory_quota_bytes: int
+    memory_quota_bytes: int | None
     department: str
     lease_id: str | None = None
     lease_owner: str | None = None
@@ -207,7 +207,8 @@ def column_totals(views: Sequence[SliceView], window: UtilWindow | None = None) 
             util_sum += u
             util_n += 1
         gpus += v.fraction
-        memory += v.memory_quota_bytes
+        if v.memory_quota_bytes is not None:  # unknown quota: not counted (never a made-up 0)
+            memory += v.memory_quota_bytes
         if v.lease_id is not None:
             busy += 1
     return ColumnTotals(
