@@ -179,8 +179,13 @@ CORPUS: dict[str, tuple[str, tuple[str, ...]]] = {
           hostname = q2.example
         Match host q2.example
           IdentitiesOnly=yes
+        Host=eq
+          Port 2801 # a trailing comment
+          ProxyJump ops@hop:2022 # a comment
+        host\tTAB
+          port\t2802
         """,
-        ("q", "Q2", "q2"),
+        ("q", "Q2", "q2", "eq", "TAB"),
     ),
     "proxyjump-proxycommand": (
         """
@@ -282,6 +287,7 @@ REFUSED = {
     "Host other\n  Port nope\n": (2, "Port 'nope' is not a number"),
     "Host other\n  ProxyJump a@b:xx\n": (2, "invalid ProxyJump"),
     "Host other\n  IdentitiesOnly maybe\n": (2, "identitiesonly must be yes or no"),
+    "Host other\n  ProxyJump \"ops@hop:2022\"\n": (2, "invalid ProxyJump"),  # ssh keeps the quotes
 }
 
 
@@ -341,3 +347,63 @@ def test_bad_config_fails_node_by_address_with_file_and_line(tmp_path):
         assert t.connections_opened == 0
     finally:
         t.close()
+
+
+# ---- generated configs: many combinations of the same grammar, each checked against ssh -G ----
+
+try:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+except ImportError:  # pragma: no cover - hypothesis is in the test extra
+    st = None
+
+if st is not None:
+    NAMES = ("gpu1", "gpu2", "web", "10.0.0.5", "Gpu1")
+    HOST_PATTERNS = ("gpu*", "gpu?", "web", "!gpu2", "*", "10.0.0.*", "!web", "Gpu*", "*.x")
+    CRITERIA = st.one_of(
+        st.tuples(st.sampled_from(["host", "originalhost", "!host", "!originalhost"]),
+                  st.lists(st.sampled_from(["gpu*", "web", "!gpu2", "10.0.0.*", "*.x", "GPU1", "h*"]),
+                           min_size=1, max_size=3).map(",".join)),
+        st.tuples(st.sampled_from(["user", "!user", "localuser", "!localuser"]),
+                  st.sampled_from([LOCAL, "ops", "ops,!root", "u*"])),
+        st.tuples(st.sampled_from(["exec", "!exec"]), st.sampled_from(["true", "false", '"test %h = web"'])),
+        st.tuples(st.sampled_from(["final", "!final", "canonical", "!canonical"]), st.just("")),
+    )
+    DIRECTIVES = st.sampled_from([
+        "HostName %h.x", "HostName 10.0.0.5", "HostName WEB", "User ops", "User dev", "Port 2201", "Port 2202",
+        "IdentityFile ~/.ssh/k1", "IdentityFile ~/.ssh/k2", "IdentitiesOnly yes", "IdentitiesOnly no",
+        "ProxyJump hop1", "ProxyJump ops@hop2:2022,hop3", "ProxyJump none", "ProxyCommand nc %h %p",
+    ])
+
+    def _header(kind: str, data) -> str:
+        if kind == "host":
+            return "Host " + " ".join(data)
+        criteria, all_form = data
+        if all_form:  # "all" stands alone or after one of final/canonical
+            return "Match " + all_form
+        return "Match " + " ".join(f"{name} {arg}".strip() for name, arg in criteria)
+
+    BLOCK = st.one_of(
+        st.tuples(st.just("host"), st.lists(st.sampled_from(HOST_PATTERNS), min_size=1, max_size=3)),
+        st.tuples(st.just("match"), st.tuples(
+            st.lists(CRITERIA, min_size=1, max_size=3),
+            st.sampled_from(["", "", "", "all", "!all", "final all", "!final all", "canonical all", "final !all"]))),
+    ).map(lambda kd: _header(*kd))
+    CONFIG = st.lists(st.tuples(BLOCK, st.lists(DIRECTIVES, max_size=3)), min_size=1, max_size=6)
+
+    @needs_ssh
+    @settings(max_examples=120, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(blocks=CONFIG, top=st.lists(DIRECTIVES, max_size=2))
+    def test_generated_configs_match_ssh_G(tmp_path, blocks, top):
+        cfg = tmp_path / "generated.config"
+        lines = list(top)
+        for header, directives in blocks:
+            lines.append(header)
+            lines.extend("  " + d for d in directives)
+        cfg.write_text("\n".join(lines) + "\n")
+        for host in NAMES:
+            try:
+                compare(cfg, host)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n--- config ---\n{cfg.read_text()}") from None

@@ -127,6 +127,11 @@ class _Line:
     def where(self) -> str:
         return f"{self.path}:{self.lineno}"
 
+    @property
+    def raw_value(self) -> str:
+        """The text after the keyword up to a ``#``, quotes kept (how ssh reads ProxyJump)."""
+        return self.rest.split("#", 1)[0].rstrip(_WHITESPACE)
+
 
 @dataclass(frozen=True)
 class _Include:
@@ -245,8 +250,8 @@ def _check_line(line: _Line) -> None:
         _parse_port(args[0], where)
     elif k in _FLAGS and args[0].lower() not in _FLAG_VALUES:
         raise SshConfigError(f"{where}: {k} must be yes or no, got {args[0]!r}")
-    elif k == "proxyjump" and args[0].lower() != "none":
-        for hop in args[0].split(","):
+    elif k == "proxyjump" and line.raw_value.lower() != "none":
+        for hop in line.raw_value.split(","):
             try:
                 parse_jump(hop)
             except SshConfigError as exc:
@@ -536,6 +541,7 @@ class SshConfig:
                 st.identity_files.append(_Setting(value, where))
             return
         if k == "proxyjump":
+            value = line.raw_value
             if "proxyjump" in st.options or "proxycommand" in st.options:
                 return
             st.options["proxyjump"] = _Setting(value, where)
