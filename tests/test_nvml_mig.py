@@ -13,7 +13,7 @@ import logging
 import pytest
 
 from gpuctl.backends.nvml import NvmlBackend
-from gpuctl.daemon.leases import GrantRequest, LeaseManager
+from gpuctl.daemon.leases import GrantRequest, LeaseManager, WorkerStartFailed
 from gpuctl.daemon.state import MigReadOnly, NodeStateManager, SliceNotLeasable, StateStore
 from gpuctl.model import UNASSIGNED, GpuIdentity, Lease, slice_id
 
@@ -161,15 +161,21 @@ def test_slice_with_unknown_quota_is_never_leased(tmp_path, identities):
     assert m.snapshot().body() == before.body()
 
     started = []
-    leases = LeaseManager(m, identities, executor="numpy", start_worker=lambda **kw: started.append(kw))
+
+    def start_worker(**kw):  # records what the launcher was asked, then refuses (no process started)
+        started.append(kw)
+        raise RuntimeError("test launcher: not started")
+
+    leases = LeaseManager(m, identities, executor="numpy", start_worker=start_worker)
     with pytest.raises(SliceNotLeasable):
         leases.grant(GrantRequest(request_id="g1", department="research", owner="u@h", ttl_s=60,
                                   slice_ids=[slice_id(MIG_D, 0)]))
     assert started == [] and m.snapshot().body() == before.body()
     # chosen by amount, the unknown-quota slice is skipped and the MIG slice with a quota is used
-    with pytest.raises(Exception):  # the fake launcher returns no worker handle: the grant stops there
+    with pytest.raises(WorkerStartFailed, match="test launcher: not started"):
         leases.grant(GrantRequest(request_id="g2", department="research", owner="u@h", ttl_s=60, slices=1))
     assert [kw["quota_bytes"] for kw in started] == [16 * GIB + 768 * 2**20]
+    assert m.snapshot().body() == before.body()
 
 
 def test_unknown_total_of_plain_gpu_is_no_quota_then_filled_when_known(tmp_path):
@@ -195,3 +201,48 @@ def test_mig_turned_on_retires_the_parents_free_slices(tmp_path, identities):
     assert m2.snapshot().slices_of(PARENT) == []
     assert m2.retired_slices == [slice_id(PARENT, 0)]
     assert set(added) == {slice_id(u, 0) for u in (MIG_A, MIG_C, MIG_D, PLAIN)}
+
+
+# ---- the control API on the NVML backend (in process, fake NVML) --------------------------------
+
+
+def test_api_shows_mig_slices_and_refuses_split_and_unleasable_grant(tmp_path, monkeypatch):
+    import json
+
+    from gpuctl.daemon.api import ApiRequest, ControlApi
+    from gpuctl.daemon.telemetry import Sampler
+
+    _, backend = make(monkeypatch)
+    gpus = backend.gpus()
+    m = manager(tmp_path, gpus)
+    sampler = Sampler(backend, interval_s=1.0)
+    sampler.sample_once()
+    api = ControlApi(backend_name="nvml", gpus=gpus, sampler=sampler, state=m, hostname="h200")
+    leases = LeaseManager(m, gpus, executor="numpy", start_worker=lambda **kw: pytest.fail("no worker may start"))
+    leases.install(api)
+
+    def call(method, path, body=None):
+        return api.handle(ApiRequest(method, path, body=json.dumps(body).encode() if body is not None else b""))
+
+    status, body = call("GET", "/v1/status")
+    assert status == 200
+    by_uuid = {g["identity"]["uuid"]: g for g in body["gpus"]}
+    assert by_uuid[PARENT]["slices"] == [] and by_uuid[PARENT]["identity"]["mig_enabled"] is True
+    a = by_uuid[MIG_A]
+    assert a["identity"]["parent_uuid"] == PARENT and a["identity"]["mig_gpu_instance_id"] == 9
+    assert [(s["mig"], s["memory_quota_bytes"]) for s in a["slices"]] == [(True, 16 * GIB + 768 * 2**20)]
+    d = by_uuid[MIG_D]["slices"][0]
+    assert d["memory_quota_bytes"] is None and "memory quota is unknown" in d["not_leasable_reason"]
+
+    gen = m.generation
+    status, body = call("POST", "/v1/split", {"request_id": "s1", "generation": gen, "gpu_uuid": PARENT, "parts": 2})
+    assert status == 409 and body["error"]["code"] == "mig_read_only"
+    assert body["error"]["message"].startswith(f"GPU {PARENT} has MIG on")
+
+    m.assign("r1", gen, [{"slice_id": slice_id(MIG_D, 0), "from": UNASSIGNED, "to": "research"}])
+    gen = m.generation
+    status, body = call("POST", "/v1/leases", {"request_id": "g1", "department": "research", "owner": "u@h",
+                                              "slice_ids": [slice_id(MIG_D, 0)]})
+    assert status == 409 and body["error"]["code"] == "slice_not_leasable"  # was: a 0-byte quota, then HTTP 500
+    assert body["error"]["field"] == "slice_ids[0]"
+    assert m.generation == gen and m.snapshot().leases == {}
