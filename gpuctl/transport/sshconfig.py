@@ -406,7 +406,7 @@ def _percent_expand(text: str, tokens: dict[str, str], where: str, what: str) ->
 
 
 class SshConfig:
-    """One parsed ssh config file (Includes read), ready for :meth:`resolve`.
+    """One parsed ssh config file (Includes read), ready for :meth:`lookup` (or :func:`resolve_host`).
 
     Build with :func:`load_config`. Holds no state between lookups; safe to share between threads.
     """
