@@ -18,8 +18,8 @@ import pytest
 
 pynvml = pytest.importorskip("pynvml")
 
-from gpuctl.backends.nvml import NvmlBackend  # noqa: E402
-from gpuctl.backends.nvml_processes import validate_processes  # noqa: E402
+from gpuctl.backends.nvml import NvmlBackend
+from gpuctl.backends.nvml_processes import validate_processes
 
 try:
     from test_gpu_nvml import needs_gpu

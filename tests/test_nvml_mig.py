@@ -14,7 +14,12 @@ import pytest
 
 from gpuctl.backends.nvml import NvmlBackend
 from gpuctl.daemon.leases import GrantRequest, LeaseManager, WorkerStartFailed
-from gpuctl.daemon.state import MigReadOnly, NodeStateManager, SliceNotLeasable, StateStore
+from gpuctl.daemon.state import (
+    MigReadOnly,
+    NodeStateManager,
+    SliceNotLeasable,
+    StateStore,
+)
 from gpuctl.model import UNASSIGNED, GpuIdentity, Lease, slice_id
 
 try:
