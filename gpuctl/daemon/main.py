@@ -157,7 +157,8 @@ def _say(message: str) -> None:
 def serve_main(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM/SIGINT; returns the exit status (see the module docstring)."""
     from gpuctl.backends import BackendError, make_backend
-    from gpuctl.daemon.api import ControlApi, SocketInUseError, serve, serve_in_thread
+    from gpuctl.daemon.api import ControlApi
+    from gpuctl.daemon.server import SocketInUseError, serve, serve_in_thread
     from gpuctl.daemon.state import (NodeState, NodeStateManager, StateCorruptError, StateLockedError,
                                      StateStore, StateWriteError)
     from gpuctl.daemon.telemetry import Sampler
