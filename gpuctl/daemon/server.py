@@ -12,7 +12,8 @@ gets when it breaks it:
 - a request (request line, headers and body) must arrive whole within ``request_timeout_s``
   (30 s) of its first byte, however slowly its bytes trickle in: else 408 ``request_timeout``;
 - the request line and headers together may hold ``max_header_bytes`` (64 KiB): else 431
-  ``bad_http``; bodies over ``MAX_BODY_BYTES`` (1 MiB) get 413 before a byte of them is read;
+  ``bad_http``; a request without ``Host`` gets ``Host: gpuctld`` (h11 needs one; a Unix socket
+  has no host names); bodies over ``MAX_BODY_BYTES`` (1 MiB) get 413 before a byte of them is read;
 - connections are counted per peer from SO_PEERCRED: one process (pid) may hold
   ``max_connections_per_pid`` (32), one user (uid) ``max_connections_per_uid`` (64). A peer at its
   limit that opens one more has its own oldest connection that is not running a request closed
@@ -23,6 +24,11 @@ gets when it breaks it:
 - an answer must be taken by the peer within ``write_timeout_s`` (30 s): else the connection is
   dropped.
 
+Sockets are read only when a request needs more bytes (``loop.sock_recv``, 64 KiB at a time), so
+a connection never holds more than its head budget or its declared body; after peers have sent
+``TRIM_AFTER_BYTES`` the freed pages are handed back to the OS (glibc ``malloc_trim``), so the
+daemon's RSS returns to its baseline after an abuse (tests/test_control_api_limits.py).
+
 Every answer carries Content-Length; a protocol error is answered in the API's JSON error shape
 (code ``bad_http``) and the connection closed. Each request is logged to stderr in one line with
 the peer's uid and pid; refusals of connections are logged at most once per
@@ -32,6 +38,7 @@ the peer's uid and pid; refusals of connections are logged at most once per
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import grp
 import json
 import logging
@@ -82,6 +89,11 @@ REFUSAL_LOG_INTERVAL_S = 5.0
 #: Mode of the socket file: owner and group may connect.
 SOCKET_MODE = 0o660
 
+#: Bytes read from peers after which freed memory is handed back to the OS (see _trim_memory).
+TRIM_AFTER_BYTES = 8 * 1024 * 1024
+#: Seconds between two checks of TRIM_AFTER_BYTES.
+TRIM_INTERVAL_S = 2.0
+
 _READ_CHUNK_BYTES = 64 * 1024
 #: Bytes of a request's start kept to name it in the log (the log line shows 300 characters).
 _LINE_KEEP_BYTES = 2048
@@ -116,8 +128,7 @@ class _Conn:
     """One open connection: its peer, its streams, and whether a request of it is running."""
 
     peer: Peer
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
+    sock: socket.socket
     opened_monotonic: float = field(default_factory=time.monotonic)
     busy: bool = False
     evicted: bool = False
@@ -177,6 +188,10 @@ class ApiServer:
         self._conns: OrderedDict[_Conn, None] = OrderedDict()  # oldest first
         self._handler_slots: dict[int | None, tuple[asyncio.Semaphore, int]] = {}  # pid -> (slots, users)
         self._refusals = _Refusals()
+        self._tasks: set[asyncio.Task] = set()
+        #: Bytes read from all peers since start.
+        self.bytes_received = 0
+        self._bytes_at_trim = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._running = threading.Event()
@@ -225,20 +240,31 @@ class ApiServer:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        pool = ThreadPoolExecutor(max_workers=HANDLER_THREADS, thread_name_prefix="gpuctld-api")
-        self._pool = pool
-        server = await asyncio.start_unix_server(self._on_connection, sock=self._sock, limit=_READ_CHUNK_BYTES)
+        self._pool = ThreadPoolExecutor(max_workers=HANDLER_THREADS, thread_name_prefix="gpuctld-api")
+        self._sock.setblocking(False)
+        accepting = self._loop.create_task(self._accept_loop())
+        trimming = self._loop.create_task(self._trim_loop())
         self._running.set()
         try:
             await self._stop.wait()
         finally:
-            server.close()
-            tasks = [c.task for c in self._conns if c.task is not None]
+            accepting.cancel()
+            trimming.cancel()
+            tasks = list(self._tasks)
             for t in tasks:
                 t.cancel()
-            if tasks:
-                await asyncio.wait(tasks, timeout=2.0)
-            pool.shutdown(wait=False, cancel_futures=True)
+            await asyncio.wait([accepting, *tasks], timeout=2.0)
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _trim_loop(self) -> None:
+        """After peers sent TRIM_AFTER_BYTES, hand the memory their requests used back to the OS.
+        Request bytes are freed as soon as they are answered, but the C allocator keeps the pages
+        (fragmented arenas); without this the RSS stays high after an abuse is over."""
+        while True:
+            await asyncio.sleep(TRIM_INTERVAL_S)
+            if self.bytes_received - self._bytes_at_trim >= TRIM_AFTER_BYTES:
+                self._bytes_at_trim = self.bytes_received
+                _trim_memory()
 
     # -- admission -----------------------------------------------------------------------------
 
@@ -266,25 +292,44 @@ class ApiServer:
         conn.evicted = True
         self._conns.pop(conn, None)
         self._refusals.add(f"closed a connection of {conn.peer}: {reason}")
-        conn.writer.transport.abort()
+        try:
+            conn.sock.shutdown(socket.SHUT_RDWR)  # a read in flight ends now, whatever the task does
+        except OSError:
+            pass
         if conn.task is not None:
-            conn.task.cancel()
+            conn.task.cancel()  # its finally closes the socket
 
     # -- one connection ------------------------------------------------------------------------
 
-    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = _Conn(peer_of(writer.get_extra_info("socket")), reader, writer)
+    async def _accept_loop(self) -> None:
+        """Accept connections and start a task for each. Sockets are read only when a task
+        asks (loop.sock_recv), so a connection holds no more bytes than its request needs."""
+        assert self._loop is not None
+        while True:
+            try:
+                sock, _ = await self._loop.sock_accept(self._sock)
+            except OSError as e:  # EMFILE and the like: wait a little, go on
+                log.warning("accept failed: %s", e)
+                await asyncio.sleep(0.1)
+                continue
+            sock.setblocking(False)
+            task = self._loop.create_task(self._on_connection(sock))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _on_connection(self, sock: socket.socket) -> None:
+        conn = _Conn(peer_of(sock), sock)
         conn.task = asyncio.current_task()
         refusal = self._admit(conn)
         if refusal is not None:
             self._refusals.add(f"refused {conn.peer}: {refusal}")
             err = ApiError(503, "too_many_connections", refusal)
             try:
-                writer.write(_plain_answer(503, err.to_json()))
-                await asyncio.wait_for(writer.drain(), 0.1)
+                async with asyncio.timeout(0.1):
+                    await self._loop.sock_sendall(sock, _plain_answer(503, err.to_json()))
             except (OSError, asyncio.TimeoutError):
                 pass
-            writer.transport.abort()
+            sock.close()
             return
         try:
             await self._serve(conn)
@@ -294,7 +339,7 @@ class ApiServer:
             log.exception("%s: connection error", conn.peer)
         finally:
             self._conns.pop(conn, None)
-            conn.writer.transport.abort()
+            sock.close()
 
     async def _serve(self, conn: _Conn) -> None:
         """Serve requests on `conn` until it closes, breaks a limit, or asks to close. Each
@@ -306,11 +351,13 @@ class ApiServer:
                     return
                 wait_s = self.first_byte_timeout_s if first else self.idle_timeout_s
                 try:
-                    pending = await asyncio.wait_for(conn.reader.read(_READ_CHUNK_BYTES), wait_s)
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(wait_s):
+                        pending = await self._loop.sock_recv(conn.sock, _READ_CHUNK_BYTES)
+                except TimeoutError:
                     raise _Closed from None
-                if not pending:
+                if not pending or conn.evicted:
                     raise _Closed
+                self.bytes_received += len(pending)
             first = False
             conn.line = bytearray()
             conn.keep_line(pending)
@@ -327,9 +374,13 @@ class ApiServer:
         if remaining <= 0:
             raise _Timeout
         try:
-            data = await asyncio.wait_for(conn.reader.read(_READ_CHUNK_BYTES), remaining)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(remaining):
+                data = await self._loop.sock_recv(conn.sock, _READ_CHUNK_BYTES)
+        except TimeoutError:
             raise _Timeout from None
+        if conn.evicted:
+            raise _Closed
+        self.bytes_received += len(data)
         conn.keep_line(data)
         return data
 
@@ -349,6 +400,9 @@ class ApiServer:
         first_line, nl, rest = bytes(head).partition(b"\n")
         if nl and _HTTP09.match(first_line):
             raise h11.RemoteProtocolError("HTTP/0.9 requests are not supported; send HTTP/1.1", 400)
+        ends = [i for i in (head.find(b"\r\n\r\n"), head.find(b"\n\n")) if i >= 0]
+        if (min(ends) if ends else len(head)) > self.max_header_bytes:  # h11 checks only heads still arriving
+            raise h11.RemoteProtocolError("request head too large", 431)
         if nl and not re.search(rb"(?im)^host[ \t]*:", rest.split(b"\r\n\r\n", 1)[0].split(b"\n\n", 1)[0]):
             head = bytearray(first_line + nl + b"Host: gpuctld\r\n" + rest)
         h.receive_data(bytes(head))
@@ -464,8 +518,24 @@ class ApiServer:
         return not close
 
     async def _write(self, conn: _Conn, data: bytes) -> None:
-        conn.writer.write(data)
-        await asyncio.wait_for(conn.writer.drain(), self.write_timeout_s)
+        async with asyncio.timeout(self.write_timeout_s):
+            await self._loop.sock_sendall(conn.sock, data)
+
+
+def _trim_memory() -> None:
+    """glibc's malloc_trim(0): give free pages of every malloc arena back to the OS (a no-op
+    where the C library is not glibc)."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None
 
 
 def _phrase(status: int) -> str:
