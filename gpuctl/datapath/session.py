@@ -5,8 +5,9 @@ two leases (separate worker processes), cannot name each other's arrays. A BATCH
 order; an op that fails records the first error since the last synchronization ("op #17
 matmul(h3, h9): shapes (3,4) and (5,6) not aligned") and poisons its output handles, and the
 batch goes on. A BATCH flagged SYNC gets one REPLY: the answers of its query ops (get, meta, mem,
-stats, sync) and that first error, which the client raises. Protocol errors (ProtocolError) end
-the connection; op errors never do. A GET frame (protocol 2) is the hot path of ``.get()`` and
+stats, sync) and that first error, which the client raises. A BATCH whose metadata fields are
+refused (FrameRefused) is answered ERROR and skipped, and the connection goes on; other protocol
+errors (ProtocolError: the stream itself is broken) end the connection; op errors never do. A GET frame (protocol 2) is the hot path of ``.get()`` and
 ``float(x)``: one handle in binary metadata, answered by one ARRAY frame (binary shape and dtype,
 then the bytes) in one send, or by a REPLY carrying the error when an op failed since the last
 synchronization (the same error a SYNC BATCH would get).
