@@ -9,6 +9,7 @@ per-process connection limit.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -185,6 +186,17 @@ def _read_all(s: socket.socket) -> bytes:
     return out
 
 
+def _closed_now(s: socket.socket) -> bool:
+    """True when the server has closed `s` (end of file waiting), False when it is still open."""
+    s.setblocking(False)
+    try:
+        return s.recv(100) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
 def _answer(out: bytes) -> tuple[int, dict]:
     head, _, body = out.partition(b"\r\n\r\n")
     return int(head.split()[1]), json.loads(body)
@@ -281,3 +293,28 @@ def test_a_process_whose_connections_all_run_requests_gets_503(small):
     assert answers == [200, 200, 200]
     with uds_client(path) as c:
         assert c.get("/v1/health").status_code == 200
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user")
+def test_one_user_cannot_take_another_users_room(small):
+    server, path = small
+    server.max_connections = 6
+    server.max_connections_per_pid = 6
+    server.max_connections_per_uid = 3
+    server.first_byte_timeout_s = 10.0
+    os.chmod(path, 0o666)  # let user nobody connect
+    os.chmod(path.parent, 0o755)
+    held = [_connect(path) for _ in range(6)]  # root: 6 connections (all the server takes), only 3 stay
+    time.sleep(0.2)
+    closed = [s for s in held if _closed_now(s)]
+    assert closed == held[:3]  # the oldest three were closed to make room for root's own newer ones
+    script = ("import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+              "s.sendall(b'GET /v1/health HTTP/1.1\\r\\n\\r\\n'); print(s.recv(200).split()[1].decode())")
+    python = "/usr/bin/python3"  # a Python user nobody may run (this venv may live under /root)
+    if not os.access(python, os.X_OK):
+        pytest.skip("no /usr/bin/python3 for user nobody")
+    p = subprocess.run([python, "-c", script, str(path)], user="nobody", capture_output=True, text=True,
+                       timeout=20)
+    assert p.stdout.strip() == "200", p.stderr  # room left for user nobody: root holds only 3 of 6
+    for s in held:
+        s.close()
