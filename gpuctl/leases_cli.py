@@ -199,8 +199,18 @@ def _when(t: float) -> str:
 
 
 def _lease_doc(node: str, answer: dict[str, Any]) -> dict[str, Any]:
-    return {"node": node, "lease": answer["lease"], "gpu_index": answer.get("gpu_index"),
-            "endpoint": answer["endpoint"], "token": answer["token"], "attach": answer["attach"]}
+    doc = {"node": node, "lease": answer["lease"], "gpu_index": answer.get("gpu_index"),
+           "endpoint": answer["endpoint"], "token": answer["token"], "attach": answer["attach"],
+           "quota_bytes": answer.get("quota_bytes")}
+    if answer.get("quota_cap"):
+        doc["quota_cap"] = answer["quota_cap"]
+    return doc
+
+
+def _quota_note(node: str, answer: dict[str, Any]) -> str | None:
+    """The stderr line for a grant whose quota the node cut (NumPy executor: host memory)."""
+    cap = answer.get("quota_cap")
+    return f"{node}: lease {answer['lease']['id']}: {cap.get('reason')}" if isinstance(cap, dict) else None
 
 
 def _describe_lease(node: str, lease: dict[str, Any], gpu_index: Any) -> str:
@@ -228,6 +238,8 @@ def cmd_lease(args: argparse.Namespace) -> int:
     finally:
         fleet.close()
     lease = answer["lease"]
+    if note := _quota_note(node, answer):
+        _err(note)
     if args.json:
         _emit_json(_lease_doc(node, answer))
     else:
@@ -403,6 +415,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             return e.exit_code
         lease_id = answer["lease"]["id"]
         _err(_describe_lease(node, answer["lease"], answer.get("gpu_index")))
+        if note := _quota_note(node, answer):
+            _err(note)
         env = dict(os.environ)
         env["GPUCTL_ATTACH"] = answer["attach"]
         try:

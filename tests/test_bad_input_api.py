@@ -23,7 +23,8 @@ import pytest
 
 from daemon_proc import start_daemon, uds_client
 from gpuctl.backends.simulated import SimulatedBackend
-from gpuctl.daemon.api import ControlApi, serve, serve_in_thread
+from gpuctl.daemon.api import ControlApi
+from gpuctl.daemon.server import serve, serve_in_thread
 from gpuctl.daemon.state import NodeStateManager, StateStore
 from gpuctl.daemon.telemetry import Sampler
 

@@ -19,7 +19,8 @@ import pytest
 from daemon_proc import start_daemon, uds_client
 from gpuctl.backends.base import GpuBackend
 from gpuctl.backends.simulated import SimulatedBackend
-from gpuctl.daemon.api import ControlApi, SocketInUseError, prepare_socket_path, serve, serve_in_thread
+from gpuctl.daemon.api import ControlApi
+from gpuctl.daemon.server import SocketInUseError, prepare_socket_path, serve, serve_in_thread
 from gpuctl.daemon.state import NodeStateManager, StateStore
 from gpuctl.daemon.telemetry import RING_SLACK, Sampler
 from gpuctl.model import UNASSIGNED, GpuIdentity, GpuSample

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import gpuctl.remote as cp
 from gpuctl.datapath.launcher import WorkerStartError, start_worker
 from gpuctl.datapath.protocol import (
+    FLAG_SYNC,
     HEADER,
     MAGIC,
     PROTOCOL_VERSION,
@@ -182,7 +183,7 @@ def test_oversized_hello_refused(two_leases, bystanders):
     ids=["magic", "meta_len", "payload_len", "type", "hello_again", "meta_list", "meta_json", "ops_type",
          "bufs_mismatch", "bufs_dtype", "bufs_elements", "get_meta_len", "get_payload", "array_to_worker"],
 )
-def test_malformed_frame_refused_others_unaffected(two_leases, bystanders, raw, want):
+def test_malformed_frame_refused_others_unaffected(two_leases, bystanders, request, raw, want):
     (_, url1), _ = two_leases
     s = _raw(url1)
     s.sendall(raw() if callable(raw) else raw)
@@ -190,7 +191,26 @@ def test_malformed_frame_refused_others_unaffected(two_leases, bystanders, raw, 
     assert code == want[0]
     if want[1] is not None:
         assert msg == want[1]
-    assert _closed(s)
+    if request.node.callspec.id in KEPT_AFTER_ERROR:
+        assert _session_works(s)  # the frame was whole: skipped, answered ERROR, session kept
+        s.close()
+    else:
+        assert _closed(s)  # the stream itself is broken: nothing after it can be trusted
+
+
+#: Cases above whose framing is sound (only metadata fields are refused): the session goes on.
+KEPT_AFTER_ERROR = {"meta_list", "meta_json", "ops_type", "bufs_mismatch", "bufs_dtype", "bufs_elements"}
+
+
+def _session_works(s) -> bool:
+    """True when a SYNC batch on `s` gets its REPLY: the connection is still served."""
+    send_frame(s, FrameType.BATCH, {"ops": [["zeros", [7], [[3]]], ["get", [], [{"h": 7}]]]}, flags=FLAG_SYNC)
+    hdr = recv_header(s)
+    meta = recv_meta(s, hdr)
+    assert hdr.ftype == FrameType.REPLY, meta
+    assert meta["error"] is None and meta["results"][0]["shape"] == [3]
+    s.recv(hdr.payload_len, socket.MSG_WAITALL)
+    return True
 
 
 def test_truncated_frame_closes_only_that_connection(two_leases, bystanders):

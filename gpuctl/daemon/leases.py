@@ -51,6 +51,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from gpuctl.daemon.api import ApiError, ApiRequest, ControlApi, _get, _no_unknown, _request_id
+from gpuctl.daemon.host_memory import HostMemoryCap
 from gpuctl.daemon.state import (
     GpuMissing,
     InvalidRequest,
@@ -218,6 +219,7 @@ class LeaseManager:
         hostname: str = "this node",
         start_worker: Callable[..., Any] | None = None,
         check_interval_s: float = 0.2,
+        quota_cap: HostMemoryCap | None = None,
         clock: Callable[[], float] = time.time,
     ):
         if executor not in EXECUTORS:
@@ -229,6 +231,8 @@ class LeaseManager:
         self.advertise = advertise or bind
         self.worker_user = worker_user
         self.hostname = hostname
+        #: Cap of NumPy-executor lease quotas (host memory); None: slices' quotas as they are.
+        self.quota_cap = quota_cap if executor == "numpy" else None
         if start_worker is None:
             from gpuctl.datapath.launcher import start_worker as _start
 
@@ -319,6 +323,7 @@ class LeaseManager:
             gpu_uuid = chosen[0].gpu_uuid
             gpu_index = self.gpu_index[gpu_uuid]
             quota = sum(s.memory_quota_bytes for s in chosen)
+            quota, quota_note = self.quota_cap.apply(quota) if self.quota_cap else (quota, None)
             share = min(1.0, sum(s.compute_share for s in chosen))
             now = self.clock()
             lease_id = f"lease-{secrets.token_hex(6)}"
@@ -353,8 +358,11 @@ class LeaseManager:
                      "worker pid %d at %s, ttl %g s", lease_id, req.owner, req.department,
                      ", ".join(lease.slice_ids), gpu_index, quota, share, handle.pid, endpoint, req.ttl_s)
             attach = f"tcp://{endpoint}?lease={lease_id}&token={token.hex()}"
-            return {"lease": lease.to_json(), "generation": generation, "token": token.hex(),
-                    "endpoint": endpoint, "attach": attach, "gpu_index": gpu_index}
+            answer = {"lease": lease.to_json(), "generation": generation, "token": token.hex(),
+                      "endpoint": endpoint, "attach": attach, "gpu_index": gpu_index, "quota_bytes": quota}
+            if quota_note is not None:
+                answer["quota_cap"] = quota_note
+            return answer
 
     def _choose(self, slices: list[Slice], req: GrantRequest) -> tuple[Slice, ...]:
         pick = best_pick(slices, req.department, self.gpu_index, count=req.slices, gpus=req.gpus)

@@ -71,6 +71,18 @@ def _gpu_count(text: str) -> int:
     return value
 
 
+def _cap_bytes(text: str) -> int:
+    from gpuctl.daemon.host_memory import MIN_CAP_BYTES
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of bytes: {text!r}") from None
+    if value < MIN_CAP_BYTES:
+        raise argparse.ArgumentTypeError(f"must be >= {MIN_CAP_BYTES} bytes, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``gpuctld [serve]``."""
     p = argparse.ArgumentParser(
@@ -99,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="when gpuctld runs as root, run lease workers as this unprivileged user")
     p.add_argument("--executor", choices=("auto", "numpy", "cupy"), default="auto",
                    help="lease workers' executor; auto = cupy with the nvml backend, numpy with simulated")
+    p.add_argument("--numpy-quota-cap-bytes", type=_cap_bytes, default=None, metavar="BYTES",
+                   help="most memory quota of one lease served by the NumPy executor, which holds arrays in "
+                        "host memory (default: half of MemAvailable when gpuctld starts)")
     return p
 
 
@@ -157,7 +172,8 @@ def _say(message: str) -> None:
 def serve_main(args: argparse.Namespace) -> int:
     """Run the daemon until SIGTERM/SIGINT; returns the exit status (see the module docstring)."""
     from gpuctl.backends import BackendError, make_backend
-    from gpuctl.daemon.api import ControlApi, SocketInUseError, serve, serve_in_thread
+    from gpuctl.daemon.api import ControlApi
+    from gpuctl.daemon.server import SocketInUseError, serve, serve_in_thread
     from gpuctl.daemon.state import (NodeState, NodeStateManager, StateCorruptError, StateLockedError,
                                      StateStore, StateWriteError)
     from gpuctl.daemon.telemetry import Sampler
@@ -235,7 +251,12 @@ def serve_main(args: argparse.Namespace) -> int:
         dp = datapath_options(args, backend.name)
         if dp["worker_user"] is None and os.geteuid() == 0:
             logging.warning("gpuctld runs as root and no --worker-user is set: lease workers run as root")
-        leases = LeaseManager(manager, gpus, hostname=api.hostname, **dp)
+        from gpuctl.daemon.host_memory import HostMemoryCap
+
+        quota_cap = HostMemoryCap.from_options(args.numpy_quota_cap_bytes)
+        if dp["executor"] == "numpy":
+            logging.info("NumPy lease quotas are capped at %d bytes (%s)", quota_cap.cap_bytes, quota_cap.source)
+        leases = LeaseManager(manager, gpus, hostname=api.hostname, quota_cap=quota_cap, **dp)
         try:
             leases.restore()
         except StateWriteError as e:

@@ -121,6 +121,12 @@ class ProtocolError(Exception):
         self.code = code
 
 
+class FrameRefused(ProtocolError):
+    """A frame whose framing is sound (header within limits, metadata read whole) but whose
+    metadata fields are refused (not JSON, not an object, a field of the wrong type or over a
+    limit). The receiver skips the rest of the frame, answers ERROR and keeps the connection."""
+
+
 class ConnectionLost(ProtocolError):
     """The peer closed the connection (or it broke) in the middle of or between frames."""
 

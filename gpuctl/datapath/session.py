@@ -5,8 +5,9 @@ two leases (separate worker processes), cannot name each other's arrays. A BATCH
 order; an op that fails records the first error since the last synchronization ("op #17
 matmul(h3, h9): shapes (3,4) and (5,6) not aligned") and poisons its output handles, and the
 batch goes on. A BATCH flagged SYNC gets one REPLY: the answers of its query ops (get, meta, mem,
-stats, sync) and that first error, which the client raises. Protocol errors (ProtocolError) end
-the connection; op errors never do. A GET frame (protocol 2) is the hot path of ``.get()`` and
+stats, sync) and that first error, which the client raises. A BATCH whose metadata fields are
+refused (FrameRefused) is answered ERROR and skipped, and the connection goes on; other protocol
+errors (ProtocolError: the stream itself is broken) end the connection; op errors never do. A GET frame (protocol 2) is the hot path of ``.get()`` and
 ``float(x)``: one handle in binary metadata, answered by one ARRAY frame (binary shape and dtype,
 then the bytes) in one send, or by a REPLY carrying the error when an op failed since the last
 synchronization (the same error a SYNC BATCH would get).
@@ -17,6 +18,8 @@ from __future__ import annotations
 import math
 import socket
 import sys
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -36,6 +39,7 @@ from gpuctl.datapath.protocol import (
     ConnectionLost,
     DType,
     FrameReader,
+    FrameRefused,
     FrameType,
     Handle,
     Header,
@@ -161,11 +165,29 @@ class Session:
             if ftype is GET:
                 self.run_get(hdr)
             elif ftype is BATCH:
-                self.run_batch(hdr, reader.meta(hdr))
+                try:
+                    try:
+                        meta = reader.meta(hdr)
+                    except ConnectionLost:
+                        raise
+                    except ProtocolError as e:  # bad JSON, not an object: read whole all the same
+                        raise FrameRefused(str(e), e.code) from None
+                    self.run_batch(hdr, meta)
+                except FrameRefused as e:
+                    self.refuse_frame(hdr, e)
             elif ftype is FrameType.BYE:
                 return
             else:
                 raise ProtocolError(f"frame type {hdr.ftype.name} not expected after the handshake", "frame_type")
+
+    def refuse_frame(self, hdr: Header, e: FrameRefused) -> None:
+        """Answer a refused BATCH (`e`, raised before any of its payload was read) with an
+        ERROR frame ``{"code", "message", "seq"}`` after skipping its payload; the connection
+        goes on. Raises ConnectionLost when the payload does not arrive."""
+        self.reader.skip(hdr.payload_len)
+        peer_log(f"frame refused: {e}")
+        meta = encode_meta({"code": e.code, "message": str(e), "seq": self.seq})
+        send_parts(self.sock, [memoryview(pack_header(FrameType.ERROR, len(meta), 0)), memoryview(meta)])
 
     def run_get(self, hdr: Header) -> None:
         """Answer a GET frame: one ARRAY frame with the array's bytes, or a REPLY with the first
@@ -228,23 +250,24 @@ class Session:
 
     def _buffer_descs(self, bufs: Any, payload_len: int) -> list[tuple[str, tuple[int, ...], int]]:
         if not isinstance(bufs, list) or len(bufs) > self.limits.max_buffers:
-            raise ProtocolError(f"meta.bufs: must be a list of at most {self.limits.max_buffers} buffers", "bad_meta")
+            raise FrameRefused(f"meta.bufs: must be a list of at most {self.limits.max_buffers} buffers", "bad_meta")
         descs = []
         total = 0
         for i, b in enumerate(bufs):
-            ok = (isinstance(b, list) and len(b) == 2 and b[0] in ALLOWED_DTYPES and isinstance(b[1], list)
+            ok = (type(b) is list and len(b) == 2 and type(b[0]) is str and b[0] in ALLOWED_DTYPES
+                  and type(b[1]) is list
                   and len(b[1]) <= self.limits.max_ndim
                   and all(type(d) is int and d >= 0 for d in b[1]))
             if not ok:
-                raise ProtocolError(f"meta.bufs[{i}]: expected [dtype, [dims...]], got {str(b)[:80]}", "bad_meta")
+                raise FrameRefused(f"meta.bufs[{i}]: expected [dtype, [dims...]], got {str(b)[:80]}", "bad_meta")
             n = math.prod(b[1])
             if n > self.limits.max_elements:
-                raise ProtocolError(f"meta.bufs[{i}]: {n} elements (limit {self.limits.max_elements})", "oversized")
+                raise FrameRefused(f"meta.bufs[{i}]: {n} elements (limit {self.limits.max_elements})", "oversized")
             nbytes = n * np.dtype(b[0]).itemsize
             total += nbytes
             descs.append((b[0], tuple(b[1]), nbytes))
         if total != payload_len:
-            raise ProtocolError(f"meta.bufs: buffers describe {total} bytes but header.payload_len is {payload_len}",
+            raise FrameRefused(f"meta.bufs: buffers describe {total} bytes but header.payload_len is {payload_len}",
                                 "bad_meta")
         return descs
 
@@ -252,7 +275,7 @@ class Session:
         """Execute one BATCH (reading its payload as uploads need it) and reply if it is SYNC."""
         ops = meta.get("ops", [])
         if not isinstance(ops, list) or len(ops) > self.limits.max_ops:
-            raise ProtocolError(f"meta.ops: must be a list of at most {self.limits.max_ops} ops", "bad_meta")
+            raise FrameRefused(f"meta.ops: must be a list of at most {self.limits.max_ops} ops", "bad_meta")
         reader = PayloadReader(self.reader, self._buffer_descs(meta.get("bufs", []), hdr.payload_len))
         queries: list[tuple[str, Any]] = []
         for op in ops:
@@ -309,6 +332,9 @@ class Session:
             if outs and (len(outs) > 8 or not all(type(h) is int and h >= 0 for h in outs)):
                 outs = []
                 raise TypeError("outs must be a list of at most 8 non-negative integer handles")
+            if type(name) is not str:
+                bad, name = name, "?"
+                raise TypeError(f"the op name must be a string, got {type(bad).__name__} {str(bad)[:40]}")
             if type(raw_args) is not list or (raw_kwargs is not None and type(raw_kwargs) is not dict):
                 raise TypeError("args must be a list and kwargs an object")
             if len(raw_args) > self.limits.max_seq:
@@ -366,7 +392,7 @@ class Session:
                 args = decode_value(raw_args, self.limits) if type(raw_args) is list else ()
             except ValueError:
                 args = ()
-            self._fail(seq, name, args, outs, e, queries if name in QUERIES else None)
+            self._fail(seq, name, args, outs, e, queries if type(name) is str and name in QUERIES else None)
 
     def _store(self, outs: list, result: Any, what: str) -> None:
         if not outs:
@@ -407,8 +433,9 @@ class Session:
 
     def _query(self, name: str, args: tuple) -> tuple[str, Any]:
         if name == "get" or name == "meta":
-            if len(args) != 1:
-                raise TypeError(f"{name} takes one handle")
+            if len(args) != 1 or not isinstance(args[0], Handle):
+                raise TypeError(f"{name} takes one handle, got "
+                                f"({', '.join(describe_value(a) for a in args[:4])})")
             arr = self._resolve(args[0])
             return (name, arr)
         if name == "sync":
@@ -437,7 +464,7 @@ class Session:
         text = f"op #{seq} {name if isinstance(name, str) else '?'}({desc}): {msg}"
         if self.error is None:
             self.error = {"type": etype, "message": text, "op": seq}
-        for h in outs:
+        for h in outs:  # checked (at most 8 integers) before anything could fail, else []
             if h not in self.handles:
                 self.handles[h] = Poisoned(text)
         if queries is not None:
@@ -486,3 +513,43 @@ class Session:
 def log(msg: str) -> None:
     """One line to the worker's stderr (the daemon keeps it in the worker's log)."""
     print(f"gpuctl-worker: {msg}", file=sys.stderr, flush=True)
+
+
+#: Lines about single connections (refused, lost, frames refused) written per window at most.
+PEER_LOG_LINES = 20
+#: The window of PEER_LOG_LINES, seconds.
+PEER_LOG_WINDOW_S = 10.0
+
+
+class PeerLog:
+    """Lines about single connections, at most ``lines`` per ``window_s`` seconds (a peer that
+    opens connections in a loop cannot grow the worker's log without bound); the lines left out
+    are counted, and the count is written with the next line let through. Thread-safe."""
+
+    def __init__(self, lines: int = PEER_LOG_LINES, window_s: float = PEER_LOG_WINDOW_S):
+        self.lines = lines
+        self.window_s = window_s
+        self.window_start = -1e18
+        self.written = 0
+        self.suppressed = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, msg: str) -> bool:
+        """Write `msg` (True) or count it as left out (False)."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self.window_start >= self.window_s:
+                self.window_start, self.written = now, 0
+            if self.written >= self.lines:
+                self.suppressed += 1
+                return False
+            self.written += 1
+            left_out, self.suppressed = self.suppressed, 0
+        if left_out:
+            log(f"({left_out} line(s) about connections left out: more than {self.lines} in {self.window_s:g} s)")
+        log(msg[:500])
+        return True
+
+
+#: The worker's one PeerLog.
+peer_log = PeerLog()

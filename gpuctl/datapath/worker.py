@@ -43,7 +43,7 @@ from gpuctl.datapath.protocol import (
     send_frame,
     tune_socket,
 )
-from gpuctl.datapath.session import Session, log
+from gpuctl.datapath.session import Session, log, peer_log
 
 #: Limits before the handshake: an unauthenticated peer can make the worker allocate almost nothing.
 PREAUTH_LIMITS = Limits(max_meta_bytes=4096, max_payload_bytes=DEFAULT_LIMITS.max_token_bytes)
@@ -216,15 +216,22 @@ class Worker:
                               {"lease_id": self.lease_id, "executor": self.executor.name}, reader)
             session.serve()
         except ConnectionLost as e:
-            log(f"{peer}: {e}")
+            peer_log(f"{peer}: {e}")
         except ProtocolError as e:
-            log(f"{peer}: refused: {e}")
+            peer_log(f"{peer}: refused: {e}")
             try:
                 send_frame(sock, FrameType.ERROR, {"code": e.code, "message": str(e)})
             except (ProtocolError, OSError):
                 pass
         except (OSError, ssl.SSLError) as e:
-            log(f"{peer}: {e}")
+            peer_log(f"{peer}: {e}")
+        except Exception as e:  # noqa: BLE001 - a fault of ours: the client gets ERROR, others go on
+            peer_log(f"{peer}: internal error: {type(e).__name__}: {e}")
+            try:
+                send_frame(sock, FrameType.ERROR, {"code": "internal",
+                                                   "message": f"internal error: {type(e).__name__}: {e}"})
+            except (ProtocolError, OSError):
+                pass
         finally:
             self._done_pending(raw)
             if session is not None:
