@@ -205,10 +205,11 @@ class UsageService:
         except Exception as e:  # noqa: BLE001
             log.error("usage: could not record an ownership change: %s", e)
 
-    def start(self) -> None:
-        """Take the current ownership, subscribe to changes and start the two threads."""
-        self.recorder.set_ownership(holds_of(self.state.snapshot()))
-        self.state.listeners.append(self.on_commit)
+    def start(self, at_s: float | None = None) -> None:
+        """Take the current ownership (recording from `at_s`, default now), subscribe to changes
+        and start the two threads."""
+        self.state.listeners.append(self.on_commit)  # first: a change from here on is not missed
+        self.recorder.set_ownership(holds_of(self.state.snapshot()), at_s=at_s)
         for name, target in (("gpuctld-usage", self._observe_loop), ("gpuctld-rollup", self._rollup_loop)):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()

@@ -15,7 +15,7 @@ Tables (every figure in GPU-seconds: seconds x the slice's fraction of its GPU):
   recorded), ``sm_pct_s`` (SM % x seconds), ``sm_known_s``, ``memory_used_byte_s`` (bytes x
   seconds), ``memory_known_s``, ``memory_total_bytes``.
 - ``refusal``: lease requests refused for lack of idle slices (``ts``, department, GPU-equivalents
-  asked); kept :data:`HOUR_RETENTION_S`.
+  asked, NULL when the request counted slices); kept :data:`HOUR_RETENTION_S`.
 - ``meta``: ``recorded_through_s`` (high-water mark of recorded time: time before it is never
   recorded twice, also across a clock step back) and ``rolled_through_s`` (hours before it are in
   the hourly tables).
@@ -33,6 +33,7 @@ Retention: minute rows :data:`MINUTE_RETENTION_S` (7 d), hourly rows :data:`HOUR
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterable
@@ -73,7 +74,7 @@ CREATE TABLE IF NOT EXISTS gpu_hour(
     sm_known_s REAL NOT NULL, memory_used_byte_s REAL NOT NULL, memory_known_s REAL NOT NULL,
     memory_total_bytes INTEGER, PRIMARY KEY (ts, gpu_uuid)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS refusal(
-    ts REAL NOT NULL, department TEXT NOT NULL, gpu_equivalents REAL NOT NULL, reason TEXT NOT NULL);
+    ts REAL NOT NULL, department TEXT NOT NULL, gpu_equivalents REAL, reason TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS refusal_ts ON refusal(ts);
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value REAL NOT NULL);
 """
@@ -107,6 +108,8 @@ class UsageDb:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        if not self.path.exists():  # owner-only, like the state file (SQLite gives -wal/-shm the same mode)
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -151,9 +154,9 @@ class UsageDb:
         """Mark hours before `value_s` as rolled up (used after a simulated past was written)."""
         with self._lock:
             self._db.execute("INSERT INTO meta(key, value) VALUES ('rolled_through_s', ?) "
-                             "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (value_s,))
+                             "ON CONFLICT(key) DO UPDATE SET value = max(value, excluded.value)", (value_s,))
 
-    def add_refusal(self, ts_s: float, department: str, gpu_equivalents: float, reason: str) -> None:
+    def add_refusal(self, ts_s: float, department: str, gpu_equivalents: float | None, reason: str) -> None:
         """Record a lease request refused for lack of idle slices of `department`."""
         with self._lock:
             self._db.execute("INSERT INTO refusal(ts, department, gpu_equivalents, reason) VALUES (?, ?, ?, ?)",
@@ -284,7 +287,8 @@ class UsageDb:
 
     def refusals(self, since_s: float, until_s: float) -> list[dict[str, Any]]:
         """Lease refusals in [since_s, until_s) summed per department:
-        ``[{"department", "count", "gpu_equivalents"}]``."""
+        ``[{"department", "count", "gpu_equivalents"}]`` (gpu_equivalents: of the refusals that said
+        it, None when none did)."""
         with self._lock:
             rows = self._db.execute(
                 "SELECT department, COUNT(*), SUM(gpu_equivalents) FROM refusal WHERE ts >= ? AND ts < ? "
