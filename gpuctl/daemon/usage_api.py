@@ -1,7 +1,8 @@
 """Control-API routes of usage accounting, and the recording of lease refusals.
 
 - ``GET /v1/usage?since=S&until=U[&every=day|week]``: usage of the node's slices per (bucket,
-  GPU, department) over [S, U) (Unix seconds, rounded down to the minute). Answer::
+  GPU, department) over [S, U) (Unix seconds, rounded down to the minute; lease refusals up to U
+  itself). Answer::
 
       {"node", "since_s", "until_s", "every", "recorded_through_s", "sources": [[table, from_s, to_s]],
        "gpus": [{"uuid", "index"}], "rows": [{"bucket_s", "gpu_uuid", "department", "slices",
@@ -52,11 +53,12 @@ def _time(request: ApiRequest, name: str) -> int:
         raise ApiError(400, "invalid_field", f"{name} must be Unix seconds, got {text[:40]!r}", name) from None
     if not MIN_TIME_S <= value <= MAX_TIME_S:
         raise ApiError(400, "invalid_field", f"{name} must be between {MIN_TIME_S} and {MAX_TIME_S}, got {value}", name)
-    return value // 60 * 60
+    return value
 
 
 def _period(request: ApiRequest) -> tuple[int, int]:
-    since, until = _time(request, "since"), _time(request, "until")
+    """(since, until) rounded down to the minute. Raises ApiError naming the parameter."""
+    since, until = _time(request, "since") // 60 * 60, _time(request, "until") // 60 * 60
     if until <= since:
         raise ApiError(400, "invalid_field", f"until ({until}) must be after since ({since}) by a minute or more",
                        "until")
@@ -80,7 +82,7 @@ def install(api: ControlApi, service: UsageService, gpu_index: dict[str, int]) -
             "sources": [list(p) for p in db.plan(since, until)],
             "gpus": [{"uuid": u, "index": i} for u, i in sorted(gpu_index.items(), key=lambda x: x[1])],
             "rows": db.slice_usage(since, until, bucket, origin),
-            "refusals": db.refusals(since, until),
+            "refusals": db.refusals(since, _time(request, "until")),  # to the second: refusals are not minutes
         }
 
     def history(request: ApiRequest) -> tuple[int, dict[str, Any]]:

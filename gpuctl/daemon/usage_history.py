@@ -124,4 +124,23 @@ def fill_simulated_past(db: UsageDb, holds: Mapping[str, SliceHold], memory_tota
         written += len(s_rows) + len(g_rows)
     if cut > 0:
         db.set_rolled_through(float(minute_from))
+    written += _refusals(db, holds, slices, minutes)
     return written
+
+
+def _refusals(db: UsageDb, holds: Mapping[str, SliceHold], slices: dict[str, tuple], minutes: np.ndarray) -> int:
+    """A lease refusal of a department on each day when all its slices were leased at once (at the
+    first such minute, asking one GPU): the "short" side of ``gpuctl report --suggest``."""
+    depts: dict[str, list[str]] = {}
+    for sid, h in holds.items():
+        if h.department != UNASSIGNED:
+            depts.setdefault(h.department, []).append(sid)
+    n = 0
+    for dept, sids in sorted(depts.items()):
+        full = np.logical_and.reduce([slices[sid][0] for sid in sids])
+        days = minutes[full] // 86400
+        first = np.unique(days, return_index=True)[1]
+        for ts in minutes[full][first]:
+            db.add_refusal(float(ts), dept, 1.0, f"simulated: every slice of {dept} was leased")
+            n += 1
+    return n
