@@ -236,3 +236,16 @@ def test_kill9_during_writes_and_rollups_never_corrupts(tmp_path):
         assert through >= last_through
         seen_hours, last_through = max(seen_hours, hours), through
     assert seen_hours >= 1  # rollups did happen between the kills
+
+
+@pytest.mark.parametrize("module", [
+    "gpuctl.daemon.usage", "gpuctl.daemon.usage_db", "gpuctl.daemon.usage_api", "gpuctl.daemon.usage_history",
+    "gpuctl.daemon.metrics", "gpuctl.daemon.observability", "gpuctl.durations", "gpuctl.usage_report",
+    "gpuctl.report_cli", "gpuctl.demo_history", "gpuctl.prometheus_source"])
+def test_usage_modules_are_headless(module):
+    import subprocess
+    import sys
+
+    code = f"import sys, {module}; assert 'textual' not in sys.modules, 'textual imported'"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr

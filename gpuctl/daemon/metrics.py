@@ -20,11 +20,12 @@ DCGM_FI_DEV_SM_CLOCK            SM clock                                        
 gpuctl_gpu_memory_used_bytes    memory used                                                bytes
 gpuctl_gpu_memory_total_bytes   memory total                                               bytes
 gpuctl_gpu_processes            compute processes on the GPU                               count
+gpuctl_gpu_info                 1, labels name (model) and pci_bus_id besides the GPU's
 ==============================  ============================================  ========
 
 Per slice, labels ``node``, ``gpu``, ``index``, ``slice`` (slice id), ``department`` (owner):
-``gpuctl_slice_fraction`` (of its GPU), ``gpuctl_slice_leased`` (1 leased, 0 free),
-``gpuctl_slice_memory_quota_bytes``, ``gpuctl_slice_lease_memory_in_use_bytes`` and
+``gpuctl_slice_fraction`` (of its GPU), ``gpuctl_slice_leased`` (1 leased, 0 free; label ``lease``:
+the lease id or ""), ``gpuctl_slice_compute_share``, ``gpuctl_slice_memory_quota_bytes``, ``gpuctl_slice_lease_memory_in_use_bytes`` and
 ``gpuctl_slice_lease_ops_per_second`` (while leased, from the lease worker's figures). Per node:
 ``gpuctl_node_generation`` and ``gpuctl_node_info{node, backend, hostname}`` = 1.
 """
@@ -73,7 +74,11 @@ def families(status: NodeStatus, node: str) -> list[Metric]:
     """The metric families of one node's status (see the module docstring)."""
     gpu_fams = {name: GaugeMetricFamily(name, help_, labels=GPU_LABELS) for name, help_, _ in GPU_METRICS}
     fraction = GaugeMetricFamily("gpuctl_slice_fraction", "Fraction of its GPU the slice is.", labels=SLICE_LABELS)
-    leased = GaugeMetricFamily("gpuctl_slice_leased", "1 while a lease holds the slice, else 0.", labels=SLICE_LABELS)
+    leased = GaugeMetricFamily("gpuctl_slice_leased", "1 while a lease holds the slice, else 0.",
+                               labels=SLICE_LABELS + ("lease",))
+    share = GaugeMetricFamily("gpuctl_slice_compute_share", "Compute share of the slice (0..1).", labels=SLICE_LABELS)
+    ginfo = GaugeMetricFamily("gpuctl_gpu_info", "The GPU's model name and PCI bus id.",
+                              labels=GPU_LABELS + ("name", "pci_bus_id"))
     quota = GaugeMetricFamily("gpuctl_slice_memory_quota_bytes", "Memory quota of the slice, bytes.",
                               labels=SLICE_LABELS)
     in_use = GaugeMetricFamily("gpuctl_slice_lease_memory_in_use_bytes",
@@ -84,6 +89,7 @@ def families(status: NodeStatus, node: str) -> list[Metric]:
         if g.identity.index < 0:
             continue  # a GPU missing from the backend has no figures
         labels = [node, g.uuid, str(g.identity.index), gpu_department(g.slices)]
+        ginfo.add_metric(labels + [g.identity.name, g.identity.pci_bus_id or ""], 1.0)
         s = g.sample
         if s is not None and s.error is None:
             for name, _, get in GPU_METRICS:
@@ -93,7 +99,8 @@ def families(status: NodeStatus, node: str) -> list[Metric]:
         for sl in g.slices:
             sl_labels = [node, g.uuid, str(g.identity.index), sl.id, sl.department]
             fraction.add_metric(sl_labels, float(sl.fraction))
-            leased.add_metric(sl_labels, 1.0 if sl.leased else 0.0)
+            leased.add_metric(sl_labels + [sl.lease_id or ""], 1.0 if sl.leased else 0.0)
+            share.add_metric(sl_labels, float(sl.compute_share))
             quota.add_metric(sl_labels, float(sl.memory_quota_bytes))
             usage = sl.usage or {}
             if usage.get("memory_in_use_bytes") is not None:
@@ -105,7 +112,7 @@ def families(status: NodeStatus, node: str) -> list[Metric]:
     info.add_metric([node, status.backend or "", status.hostname or ""], 1.0)
     gen = GaugeMetricFamily("gpuctl_node_generation", "The node's state generation.", labels=("node",))
     gen.add_metric([node], float(status.generation))
-    return [*gpu_fams.values(), fraction, leased, quota, in_use, ops, info, gen]
+    return [*gpu_fams.values(), ginfo, fraction, leased, share, quota, in_use, ops, info, gen]
 
 
 class _StatusCollector:
