@@ -495,6 +495,10 @@ def cmd_console(args: argparse.Namespace) -> int:
     require_terminal()
     cfg = _load_config(args)
     fleet = _fleet(args, cfg)
+    if cfg.telemetry.source == "prometheus":  # telemetry from Prometheus, changes over SSH
+        from gpuctl.prometheus_source import source_for
+
+        fleet = source_for(cfg, fleet)
     try:
         return run_console(fleet, readonly=bool(getattr(args, "readonly", False)),
                            theme=getattr(args, "theme", None) or cfg.theme, refresh_s=cfg.refresh_s)

@@ -170,3 +170,12 @@ class PrometheusFleetSource:
         self._http.close()
         if self.control is not None:
             self.control.close()
+
+
+def source_for(config: Any, control: Any) -> PrometheusFleetSource:
+    """The PrometheusFleetSource of a fleet config with ``[telemetry] source = "prometheus"``: its
+    url and timeout, the config's nodes (node label = node name) and departments, and `control`
+    (the SSH FleetClient) for changes."""
+    return PrometheusFleetSource(config.telemetry.url, [n.name for n in config.nodes],
+                                 [model.Department(d.name, d.priority, d.color) for d in config.departments],
+                                 control=control, timeout_s=config.telemetry.timeout_s)

@@ -196,3 +196,27 @@ def test_prometheus_down_makes_every_node_unreachable():
         src.close()
     assert [n.reachable for n in snap.nodes] == [False, False]
     assert all("Prometheus at http://127.0.0.1:" in n.error for n in snap.nodes)
+
+
+def test_telemetry_config_and_its_errors(tmp_path):
+    from gpuctl.config import ConfigError, TelemetryConfig, load_config, parse_config, render_config
+    from gpuctl.prometheus_source import source_for
+
+    node = '\n[[node]]\nname = "gpu-0"\nhost = "h0"\n'
+    cfg = parse_config(b'[telemetry]\nsource = "prometheus"\nurl = "http://prom:9090"\n' + node.encode(), "f.toml")
+    assert cfg.telemetry == TelemetryConfig("prometheus", "http://prom:9090", 5.0)
+    assert parse_config(render_config(cfg).encode(), "f.toml") == cfg
+    assert parse_config(node.encode(), "f.toml").telemetry.source == "nodes"
+    src = source_for(cfg, control=None)
+    assert src.url == "http://prom:9090" and src.nodes == ["gpu-0"]
+    src.close()
+    for text, message in [
+        ('[telemetry]\nsource = "prometheus"\n', 'f.toml:1: telemetry: source = "prometheus" needs url'),
+        ('[telemetry]\nsource = "graphite"\n', 'f.toml:2: telemetry.source: must be "nodes" or "prometheus"'),
+        ('[telemetry]\nsource = "prometheus"\nurl = "prom:9090"\n', "f.toml:3: telemetry.url: must be an http"),
+        ('[telemetry]\nsorce = "prometheus"\n', "did you mean 'source'?"),
+        ('telemetry = "prometheus"\n', "f.toml:1: telemetry: must be a table [telemetry]"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            parse_config((text + node).encode(), "f.toml")
+        assert message in str(e.value), str(e.value)
