@@ -249,3 +249,42 @@ def test_usage_modules_are_headless(module):
     code = f"import sys, {module}; assert 'textual' not in sys.modules, 'textual imported'"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
+
+
+def test_stale_samples_make_sm_unknown(db):
+    rec = UsageRecorder(db, max_gap_s=10.0)
+    rec.set_ownership({"G0/0": SliceHold("G0", 1.0, "a", False)}, at_s=T0)
+    old = sample("G0", T0 - 100, 90.0)  # the sampler stopped 100 s ago
+    for t in range(1, 61):
+        rec.observe([old], at_s=T0 + t)
+    (row,) = rows(db, "slice_minute")
+    assert row[4:] == pytest.approx((60.0, 0.0, 0.0, 0.0, 0.0, 0.0))  # owned, SM unknown: neither used nor idle
+
+
+@pytest.mark.parametrize("text, seconds", [("30d", 30 * 86400), ("12h", 43200), ("2w", 14 * 86400),
+                                           ("1d12h", 129600), ("90m", 5400), ("1.5h", 5400), ("45s", 45)])
+def test_parse_duration(text, seconds):
+    from gpuctl.durations import parse_duration
+
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text, message", [("30", "add a unit"), ("", "not a duration"), ("3x", "not a duration"),
+                                           ("d", "not a duration"), ("1d 2h", "not a duration")])
+def test_parse_duration_errors(text, message):
+    from gpuctl.durations import DurationError, parse_duration
+
+    with pytest.raises(DurationError, match=message):
+        parse_duration(text)
+
+
+def test_parse_time_forms():
+    from gpuctl.durations import DurationError, parse_time
+
+    now = T0 + 86400.0
+    assert parse_time("now", now) == now
+    assert parse_time("1d", now) == T0
+    assert parse_time("2026-01-01", now) == T0
+    assert parse_time("2026-01-01T01:00+01:00", now) == T0
+    with pytest.raises(DurationError, match="not a time: 'tomorrow'"):
+        parse_time("tomorrow", now)

@@ -82,8 +82,12 @@ class UsageRecorder:
         (NVML's utilization describes the sample period just ended)."""
         items = samples.values() if isinstance(samples, dict) else samples
         with self._lock:
-            self._samples = {s.uuid: s for s in items}
-            self._advance(self.clock() if at_s is None else at_s)
+            now = self.clock() if at_s is None else at_s
+            # a sample older than max_gap_s (the sampler is stuck) says nothing about now
+            self._samples = {s.uuid: s if now - s.timestamp_s <= self.max_gap_s else
+                             GpuSample(uuid=s.uuid, timestamp_s=s.timestamp_s, error="stale sample")
+                             for s in items}
+            self._advance(now)
 
     def flush(self, at_s: float | None = None) -> None:
         """Attribute up to `at_s` and write every accumulated row, the current minute's part too
