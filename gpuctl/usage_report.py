@@ -199,3 +199,22 @@ def suggest(report: dict[str, Any], priorities: dict[str, int]) -> list[dict[str
             item["command"] = f"gpuctl reassign --from {donor} --to {dept} --gpus {gpus:g}"
         out.append(item)
     return out
+
+
+class NoUsageSource(Exception):
+    """The fleet source keeps no usage accounting (e.g. the in-process simulated fleet)."""
+
+
+def report_from_source(source: Any, since_s: float, until_s: float, by: str = "department",
+                       every: str | None = None) -> dict[str, Any]:
+    """A report (build_report's shape) from a console FleetSource: its own ``usage_report`` method
+    when it has one, else the nodes' GET /v1/usage through its fleet client (the source itself
+    when it fans out, or its SSH ``control`` client). BLOCKING (network). Raises NoUsageSource."""
+    own = getattr(source, "usage_report", None)
+    if callable(own):
+        return own(since_s, until_s, by, every)
+    fleet = source if hasattr(source, "fan_out") else getattr(source, "control", None)
+    if fleet is None or not hasattr(fleet, "fan_out"):
+        raise NoUsageSource("this fleet source keeps no usage accounting (only gpuctld nodes do)")
+    order = [n.name for n in fleet.config.nodes] if hasattr(fleet, "config") else None
+    return build_report(collect(fleet, since_s, until_s, every), by, node_order=order)
