@@ -160,7 +160,7 @@ def suggest(report: dict[str, Any], priorities: dict[str, int]) -> list[dict[str
     Returns ``[{"to", "to_priority", "refusals", "from", "from_priority", "gpus", "idle_owned_gpu_h",
     "idle_share", "command"}]``; a short department with no donor gets ``"from": None`` and no
     command. GPUs offered: the donor's idle GPU-hours / the period's hours (whole eighths), at most
-    what the short department asked in its refusals where that is known.
+    what the short department asked in one refused request on average, where that is known.
     """
     if report["by"] != "department" or report["every"]:
         raise ValueError("suggest needs a report by department over one period (no --every)")
@@ -185,7 +185,8 @@ def suggest(report: dict[str, Any], priorities: dict[str, int]) -> list[dict[str
     short = sorted(report.get("refusals", []), key=lambda f: (priorities.get(f["department"], big), f["department"]))
     for f in short:
         dept = f["department"]
-        want = f["gpu_equivalents"] if f.get("gpu_equivalents") else None
+        # the size of a refused request (its mean): a shortfall at one time, not the period's sum
+        want = f["gpu_equivalents"] / f["count"] if f.get("gpu_equivalents") else None
         donor = next((d for d in donors if d != dept and left[d] > 0
                       and (d == UNASSIGNED or priorities.get(d, big) >= priorities.get(dept, big))), None)
         item = {"to": dept, "to_priority": priorities.get(dept), "refusals": f["count"], "from": donor,

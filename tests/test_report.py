@@ -164,6 +164,7 @@ def test_lease_refusal_is_recorded_and_suggested(tmp_path):
                        f'[[node]]\nname = "n1"\ntransport = "local"\nsocket = "{d.socket_path}"\n')
         r = run_cli("--config", str(cfg), "report", "--since", "1h", "--suggest", "--json")
         assert r.code == 0, r.stderr
+        assert len(r.json["suggestions"]) == 1, (r.json["refusals"], r.json["rows"])
         (s,) = r.json["suggestions"]
         # the node's GPUs are unassigned: they are the donor, 1 GPU as asked
         assert s["to"] == "research" and s["from"] == "unassigned" and s["refusals"] == 1

@@ -1,8 +1,8 @@
 """Control-API routes of usage accounting, and the recording of lease refusals.
 
 - ``GET /v1/usage?since=S&until=U[&every=day|week]``: usage of the node's slices per (bucket,
-  GPU, department) over [S, U) (Unix seconds, rounded down to the minute; lease refusals up to U
-  itself). Answer::
+  GPU, department) over [S, U) (Unix seconds, rounded down to the minute; lease refusals to the end of
+  second U). Answer::
 
       {"node", "since_s", "until_s", "every", "recorded_through_s", "sources": [[table, from_s, to_s]],
        "gpus": [{"uuid", "index"}], "rows": [{"bucket_s", "gpu_uuid", "department", "slices",
@@ -82,7 +82,8 @@ def install(api: ControlApi, service: UsageService, gpu_index: dict[str, int]) -
             "sources": [list(p) for p in db.plan(since, until)],
             "gpus": [{"uuid": u, "index": i} for u, i in sorted(gpu_index.items(), key=lambda x: x[1])],
             "rows": db.slice_usage(since, until, bucket, origin),
-            "refusals": db.refusals(since, _time(request, "until")),  # to the second: refusals are not minutes
+            # refusals to the end of second U (they are not minutes; U is whole seconds)
+            "refusals": db.refusals(since, _time(request, "until") + 1),
         }
 
     def history(request: ApiRequest) -> tuple[int, dict[str, Any]]:
