@@ -597,6 +597,14 @@ class GpuctlApp(App[None]):
             self.show_screen("leases")
         elif verb in ("report", "usage"):
             self.show_screen("report")
+        elif verb == "history":
+            from gpuctl.screens.usage_history import screen_for_command
+
+            screen = screen_for_command(self.screen, self.snapshot, args)
+            if isinstance(screen, str):
+                self.flash(screen, severity="error")
+                return False
+            self.push_screen(screen)
         elif verb == "help":
             self.action_help()
         elif verb == "theme":

@@ -219,3 +219,23 @@ def report_from_source(source: Any, since_s: float, until_s: float, by: str = "d
         raise NoUsageSource("this fleet source keeps no usage accounting (only gpuctld nodes do)")
     order = [n.name for n in fleet.config.nodes] if hasattr(fleet, "config") else None
     return build_report(collect(fleet, since_s, until_s, every), by, node_order=order)
+
+
+def gpu_history_from_source(source: Any, node: str, uuid: str, since_s: float, until_s: float,
+                            step_s: int) -> list[dict[str, Any]]:
+    """Mean SM utilization and memory used of one GPU per `step_s` from the node's usage
+    accounting (GET /v1/usage/history; hourly rollups when the step is whole hours): the points
+    ``[{"ts", "gpu_uuid", "sm_util_pct", "memory_used_bytes", "sampled_s"}]``, oldest first.
+    Uses the source's own ``usage_history`` when it has one, else its fleet client (the source
+    itself, or its SSH ``control``). BLOCKING (network). Raises NoUsageSource, or the client's
+    NodeError."""
+    own = getattr(source, "usage_history", None)
+    if callable(own):
+        return own(node, uuid, since_s, until_s, step_s)
+    fleet = source if hasattr(source, "clients") else getattr(source, "control", None)
+    if fleet is None or not hasattr(fleet, "clients"):
+        raise NoUsageSource("this fleet source keeps no usage accounting (only gpuctld nodes do)")
+    since = int(since_s) // step_s * step_s
+    answer = fleet.clients[node].request("GET", "/v1/usage/history", params={
+        "since": since, "until": int(until_s), "step_s": step_s, "gpu": uuid})
+    return answer["points"]

@@ -194,3 +194,25 @@ def test_suggest_orders_by_priority_and_takes_from_least_important_idle():
     assert got[0]["command"] == "gpuctl reassign --from d --to a --gpus 1"
     with pytest.raises(ValueError):
         suggest(build_report(FleetUsage(0, 3600, None), by="node"), {})
+
+
+def test_history_and_report_from_a_fleet_client(demo):
+    """The console's path: report_from_source / gpu_history_from_source on a real FleetClient."""
+    import time
+
+    from gpuctl.client import FleetClient, default_transport_factory
+    from gpuctl.config import load_config
+    from gpuctl.usage_report import gpu_history_from_source, report_from_source
+
+    fleet, _ = demo
+    client = FleetClient(load_config(fleet.config_path), default_transport_factory())
+    try:
+        now = time.time()
+        rep = report_from_source(client, now - 7 * 86400, now)
+        assert rep["fleet_gpus"] == 8 and rep["total"]["owned_gpu_h"] > 0
+        uuid = client.snapshot().nodes[1].gpus[0].uuid
+        pts = gpu_history_from_source(client, "sim-02", uuid, now - 86400, now, 900)
+        assert 95 <= len(pts) <= 97 and all(p["gpu_uuid"] == uuid for p in pts)
+        assert all(0 <= p["sm_util_pct"] <= 100 for p in pts)
+    finally:
+        client.close()

@@ -1,9 +1,9 @@
 """The report screen (`:report`): per department, owned vs used GPU-hours over the last 7 or 30
-days, as bars (gpuctl.widgets.usage_bars) and as a table with leased and idle owned GPU-hours.
+days, as bars (gpuctl.widgets.usage_plots) and as a table with leased and idle owned GPU-hours.
 
 The report comes from the nodes' usage accounting (gpuctl.usage_report.report_from_source), fetched
-in a thread worker (group "report") when the screen is first shown, when the period changes (`p`)
-and on `r`; never on the UI thread. A node that did not answer is named under the bars and its
+in a thread worker (group "report") when the screen is first shown and when the period changes
+(`p`); never on the UI thread. A node that did not answer is named under the bars and its
 rows are marked incomplete. Never imports the app: it reads ``self.app.source``.
 """
 
@@ -21,7 +21,7 @@ from textual.widgets import DataTable, Static
 
 from gpuctl import model
 from gpuctl.screens.base import GpuctlScreen
-from gpuctl.widgets.usage_bars import UsageBars, bar_series
+from gpuctl.widgets.usage_plots import UsageBars, bar_series
 
 #: The periods `p` cycles through: (label, seconds).
 PERIODS = (("7 days", 7 * 86400), ("30 days", 30 * 86400))
@@ -61,13 +61,12 @@ def report_cells(report: dict[str, Any]) -> list[tuple[str, ...]]:
 
 
 class ReportScreen(GpuctlScreen):
-    """Owned vs used GPU-hours per department; `p` switches 7/30 days, `r` reloads, Escape goes back."""
+    """Owned vs used GPU-hours per department; `p` switches 7/30 days (and reloads), Escape goes back."""
 
     VIEW = "report"
     BINDINGS = [
         Binding("escape", "app.back", "Back"),
         Binding("p", "next_period", "Period"),
-        Binding("r", "reload", "Reload"),
     ]
     DEFAULT_CSS = """
     ReportScreen #report-status { height: auto; padding: 0 1; color: $text-muted; }
@@ -94,7 +93,7 @@ class ReportScreen(GpuctlScreen):
         self.action_reload()
 
     def show_snapshot(self, snapshot: model.FleetSnapshot) -> None:
-        """Usage does not change with each poll: nothing to do (`r` reloads)."""
+        """Usage does not change with each poll: nothing to do (`p` reloads)."""
 
     def action_next_period(self) -> None:
         self.period = (self.period + 1) % len(PERIODS)
@@ -131,7 +130,7 @@ class ReportScreen(GpuctlScreen):
         label = PERIODS[self.period][0]
         words = (f"last {label}: {rep['fleet_gpus']} GPUs, {rep['fleet_gpu_hours']:.0f} GPU-h; "
                  f"owned {rep['total']['owned_gpu_h']:.0f}, used {rep['total']['used_gpu_h']:.0f} GPU-h  "
-                 f"[p: period, r: reload]")
+                 f"[p: period]")
         if rep["unreachable_nodes"]:
             words += (f"\nincomplete (*): no answer from {', '.join(rep['unreachable_nodes'])}")
         status.update(words)
