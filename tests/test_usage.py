@@ -288,3 +288,32 @@ def test_parse_time_forms():
     assert parse_time("2026-01-01T01:00+01:00", now) == T0
     with pytest.raises(DurationError, match="not a time: 'tomorrow'"):
         parse_time("tomorrow", now)
+
+
+def test_simulated_past_is_deterministic_adds_up_and_fills_only_before_recorded_time(tmp_path):
+    from gpuctl.daemon.usage_history import fill_simulated_past
+
+    holds = {"G0/0": SliceHold("G0", 0.5, "research", False), "G0/1": SliceHold("G0", 0.5, "training", False),
+             "G1/0": SliceHold("G1", 1.0, "unassigned", False)}
+    mem = {"G0": 80 * 2**30, "G1": 80 * 2**30}
+    end = T0 + 10 * 86400 + 1234.5  # mid-minute: the last minute is a part
+    dbs = [UsageDb(tmp_path / f"u{i}.sqlite3") for i in range(3)]
+    try:
+        for db, seed in zip(dbs, (7, 7, 8)):
+            assert fill_simulated_past(db, holds, mem, seed, T0, end) > 0
+        a, b, c = (rows(db, "slice_hour") + rows(db, "slice_minute") for db in dbs)
+        assert a == b and a != c  # same seed, same past; another seed, another past
+        db = dbs[0]
+        roll_up(db, end)
+        owned = sum(r["owned_gpu_s"] for r in db.slice_usage(T0, int(end) // 60 * 60 + 60))
+        assert owned == pytest.approx(2 * (end - T0))  # 2 GPUs the whole time, the last part-minute too
+        assert db.meta("recorded_through_s") == end
+        leased = sum(r["leased_gpu_s"] for r in db.slice_usage(T0, int(end)))
+        assert leased > 0 and all(r["leased_gpu_s"] == 0 for r in db.slice_usage(T0, int(end))
+                                  if r["department"] == "unassigned")
+        # hours older than the minute retention are hourly rows only; newer ones have minutes
+        assert db._db.execute("SELECT MIN(ts) FROM slice_minute").fetchone()[0] >= end - MINUTE_RETENTION_S - 3600
+        assert fill_simulated_past(db, holds, mem, 7, T0, end) == 0  # already covered: nothing written twice
+    finally:
+        for db in dbs:
+            db.close()

@@ -295,6 +295,13 @@ class UsageDb:
                 "GROUP BY department ORDER BY department", (since_s, until_s)).fetchall()
         return [{"department": d, "count": n, "gpu_equivalents": g} for d, n, g in rows]
 
+    def earliest_ts(self) -> int | None:
+        """Start of the oldest row of either slice table (Unix s), None when both are empty."""
+        with self._lock:
+            lows = [self._db.execute(f"SELECT MIN(ts) FROM {t}").fetchone()[0] for t in ("slice_minute", "slice_hour")]
+        lows = [v for v in lows if v is not None]
+        return min(lows) if lows else None
+
     def integrity_ok(self) -> bool:
         """True when SQLite's integrity check finds nothing wrong."""
         with self._lock:

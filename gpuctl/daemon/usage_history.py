@@ -80,9 +80,7 @@ def fill_simulated_past(db: UsageDb, holds: Mapping[str, SliceHold], memory_tota
     a node that already recorded usage keeps its own figures; nothing is written when that leaves
     no time."""
     start = int(start_s) // 3600 * 3600
-    row = db._db.execute("SELECT MIN(ts) FROM slice_minute").fetchone()
-    hrow = db._db.execute("SELECT MIN(ts) FROM slice_hour").fetchone()
-    earliest = min([v for v in (row[0], hrow[0]) if v is not None], default=None)
+    earliest = db.earliest_ts()
     end = float(end_s) if earliest is None else min(float(end_s), float(earliest))
     if end <= start or not holds:
         return 0
