@@ -18,6 +18,8 @@ from typing import Any
 from gpuctl.daemon.usage_db import MINUTE_RETENTION_S
 from gpuctl.exit_codes import ExitCode
 
+#: Seconds "now" is taken back, so the minute that just ended is written on every node.
+WRITE_DELAY_S = 5.0
 #: Longest period a report may cover, seconds (the hourly retention).
 MAX_PERIOD_S = 400 * 86400
 
@@ -129,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
             raise ReportUsageError("--suggest works on one period by department: leave out --by and --every")
         if args.csv and args.json:
             raise ReportUsageError("--csv and --json: choose one")
-        since_s, until_s = period(args.since, args.until, time.time())
+        # the daemons write a minute within a second or two of its end: "now" is a few seconds ago
+        since_s, until_s = period(args.since, args.until, time.time() - WRITE_DELAY_S)
     except ReportUsageError as e:
         print(f"gpuctl report: {e}", file=sys.stderr)
         return ExitCode.USAGE
