@@ -14,6 +14,7 @@ import pytest
 
 from daemon_proc import start_daemon, uds_client
 from fleet_fixtures import run_cli
+from gpuctl import report_cli
 from gpuctl.demo import start_demo_fleet
 from gpuctl.usage_report import FIGURES, build_report, suggest, FleetUsage
 
@@ -162,6 +163,7 @@ def test_lease_refusal_is_recorded_and_suggested(tmp_path):
         cfg = tmp_path / "fleet.toml"
         cfg.write_text('[[department]]\nname = "research"\npriority = 10\n\n'
                        f'[[node]]\nname = "n1"\ntransport = "local"\nsocket = "{d.socket_path}"\n')
+        time.sleep(report_cli.WRITE_DELAY_S + 1)  # the report ends a few seconds before now
         r = run_cli("--config", str(cfg), "report", "--since", "1h", "--suggest", "--json")
         assert r.code == 0, r.stderr
         assert len(r.json["suggestions"]) == 1, (r.json["refusals"], r.json["rows"])
