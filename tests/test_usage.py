@@ -317,3 +317,63 @@ def test_simulated_past_is_deterministic_adds_up_and_fills_only_before_recorded_
     finally:
         for db in dbs:
             db.close()
+
+
+def test_real_gpuctld_killed_during_its_rollup_comes_back_consistent(tmp_path):
+    """gpuctld --history 8d rolls ~170 hours up right after start; kill -9 it in the middle, start it
+    again (same state dir): the database is intact, every rolled-up hour equals its minutes, and
+    the usage of the period adds up to the GPUs' time less the time it was down."""
+    import time
+
+    from daemon_proc import start_daemon
+
+    d = start_daemon(tmp_path, gpus=4, seed=2, name="k", extra_args=["--history", "8d"], wait=False)
+    try:
+        path = d.state_dir / "usage.sqlite3"
+        first = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # kill once the rollup thread has committed an hour or more
+            try:
+                ro = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=0.05)
+                row = ro.execute("SELECT value FROM meta WHERE key = 'rolled_through_s'").fetchone()
+                ro.close()
+            except sqlite3.Error:
+                row = None
+            if row is not None:
+                if first is None:
+                    first = row[0]
+                elif row[0] > first:
+                    break
+            time.sleep(0.002)
+        killed_at = time.time()
+        d.kill9()
+        db = UsageDb(d.state_dir / "usage.sqlite3")
+        assert db.integrity_ok()
+        pending_at_kill = len(db.pending_hours())
+        db.close()
+        assert pending_at_kill > 0  # killed in the middle of the rollup
+        d.start()
+        restarted_at = time.time()
+        db = UsageDb(d.state_dir / "usage.sqlite3")
+        deadline = time.monotonic() + 60
+        while db.pending_hours() and time.monotonic() < deadline:  # the restarted daemon finishes the rollup
+            time.sleep(0.2)
+        try:
+            assert db.integrity_ok() and db.pending_hours() == []
+            rolled = db.meta("rolled_through_s")
+            q = "SELECT ts / 3600 * 3600, SUM(owned_gpu_s), SUM(used_gpu_s) FROM {} WHERE ts >= ? AND ts < ? GROUP BY 1"
+            # from the first whole hour whose minutes are all kept (retention cuts minutes, not hours)
+            lo = -(-db._db.execute("SELECT MIN(ts) FROM slice_minute").fetchone()[0] // 3600) * 3600
+            minutes = db._db.execute(q.format("slice_minute"), (lo, rolled)).fetchall()
+            hours = db._db.execute(q.format("slice_hour"), (lo, rolled)).fetchall()
+            assert len(hours) >= 7 * 24 - 3 and hours == [(h, pytest.approx(o), pytest.approx(u)) for h, o, u in minutes]
+            now = int(time.time()) // 60 * 60
+            since = int(killed_at) // 3600 * 3600 - 7 * 86400
+            owned = sum(r["owned_gpu_s"] for r in db.slice_usage(since, now))
+            down = restarted_at - killed_at
+            # 4 GPUs all the time, less the time it was down, the minute lost to the kill and the current one
+            assert 4 * (now - since - down - 120) - 1 <= owned <= 4 * (now - since) + 1
+        finally:
+            db.close()
+    finally:
+        d.stop()
