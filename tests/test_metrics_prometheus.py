@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import time
 
 import httpx
@@ -74,7 +75,7 @@ def test_exposition_matches_status(tmp_path):
     ("127.0.0.1:70000", "port must be 0..65535"),
 ])
 def test_bad_metrics_listen_is_refused(value, message):
-    p = subprocess.run(["python3", "-m", "gpuctl.daemon", "--backend", "simulated", "--metrics-listen", value],
+    p = subprocess.run([sys.executable, "-m", "gpuctl.daemon", "--backend", "simulated", "--metrics-listen", value],
                        capture_output=True, text=True, timeout=30,
                        env={"PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[1]), "PATH": "/usr/bin"})
     assert p.returncode == 2 and message in p.stderr
@@ -220,3 +221,24 @@ def test_telemetry_config_and_its_errors(tmp_path):
         with pytest.raises(ConfigError) as e:
             parse_config((text + node).encode(), "f.toml")
         assert message in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--history", "600"], "--history: not a duration: '600' (add a unit"),
+    (["--history", "500d"], "--history: must be more than 0 and at most 400d, got 500d"),
+    (["--telemetry-history", "0"], "--telemetry-history: must be > 0"),
+])
+def test_bad_usage_options_of_gpuctld(args, message):
+    p = subprocess.run([sys.executable, "-m", "gpuctl.daemon", "--backend", "simulated", *args],
+                       capture_output=True, text=True, timeout=30,
+                       env={"PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[1]), "PATH": "/usr/bin"})
+    assert p.returncode == 2 and message in p.stderr, p.stderr
+
+
+def test_bad_demo_history_is_refused_before_anything_starts():
+    from fleet_fixtures import run_cli
+
+    r = run_cli("demo", "--no-console", "--history", "soon")
+    assert r.code == 2 and "--history: not a duration: 'soon'" in r.stderr and r.stdout == ""
+    r = run_cli("demo", "--no-console", "--history", "401d")
+    assert r.code == 2 and "--history must be more than 0 and at most 400d" in r.stderr
