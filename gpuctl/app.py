@@ -247,6 +247,10 @@ class GpuctlApp(App[None]):
         self.palette = build_palette(self.get_css_variables(), self.source.departments)
         if not self.is_screen_installed("leases"):
             self.install_screen(LeasesScreen(), "leases")
+        if not self.is_screen_installed("report"):
+            from gpuctl.screens.report import ReportScreen
+
+            self.install_screen(ReportScreen(), "report")
         self._install_board()
         for err in self.theme_errors:
             self.flash(f"theme skipped: {err}", severity="error")
@@ -591,6 +595,16 @@ class GpuctlApp(App[None]):
             self.show_screen("board")
         elif verb in ("leases", "lease"):
             self.show_screen("leases")
+        elif verb in ("report", "usage"):
+            self.show_screen("report")
+        elif verb == "history":
+            from gpuctl.screens.usage_history import screen_for_command
+
+            screen = screen_for_command(self.screen, self.snapshot, args)
+            if isinstance(screen, str):
+                self.flash(screen, severity="error")
+                return False
+            self.push_screen(screen)
         elif verb == "help":
             self.action_help()
         elif verb == "theme":

@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start the daemons, print the config path and wait (Ctrl-C or SIGTERM stops them)")
     p.add_argument("--write-config", metavar="FILE",
                    help="also write the demo fleet's config to FILE (use it with --config or GPUCTL_CONFIG)")
+    p.add_argument("--history", metavar="DURATION", help="give the nodes a simulated usage past (e.g. 30d)")
     p.add_argument("--readonly", action="store_true", default=argparse.SUPPRESS,
                    help="console: no reassignment possible (a badge says so)")
     p.add_argument("--theme", metavar="NAME", default=argparse.SUPPRESS,
@@ -106,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gpuctl.bootstrap_cli import add_node_verbs  # node bootstrap
 
     add_node_verbs(verb)
+    from gpuctl import report_cli
+
+    report_cli.add_arguments(verb("report", "GPU-hours owned, leased and used per department, node or GPU"))
     return parser
 
 
@@ -491,6 +495,10 @@ def cmd_console(args: argparse.Namespace) -> int:
     require_terminal()
     cfg = _load_config(args)
     fleet = _fleet(args, cfg)
+    if cfg.telemetry.source == "prometheus":  # telemetry from Prometheus, changes over SSH
+        from gpuctl.prometheus_source import source_for
+
+        fleet = source_for(cfg, fleet)
     try:
         return run_console(fleet, readonly=bool(getattr(args, "readonly", False)),
                            theme=getattr(args, "theme", None) or cfg.theme, refresh_s=cfg.refresh_s)
@@ -501,11 +509,19 @@ def cmd_console(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from gpuctl.demo import run_demo
 
+    if args.history is not None:
+        from gpuctl.durations import DurationError, parse_duration
+
+        try:
+            if not 0 < parse_duration(args.history) <= 400 * 86400:
+                raise DurationError(f"--history must be more than 0 and at most 400d, got {args.history!r}")
+        except DurationError as e:
+            raise UsageError(f"--history: {e}" if not str(e).startswith("--history") else str(e)) from None
     if not args.no_console:
         require_terminal()
     return run_demo(nodes=args.nodes, gpus=args.gpus, seed=args.seed, console=not args.no_console,
                     readonly=bool(getattr(args, "readonly", False)), theme=getattr(args, "theme", None),
-                    json_out=args.json, write_config=args.write_config)
+                    json_out=args.json, write_config=args.write_config, history=args.history)
 
 
 VERBS = {"status": cmd_status, "departments": cmd_departments, "reassign": cmd_reassign,
@@ -517,6 +533,9 @@ VERBS.update(LEASE_VERBS)
 from gpuctl.bootstrap_cli import NODE_VERBS  # noqa: E402 - node bootstrap lives in its own module
 
 VERBS.update(NODE_VERBS)
+from gpuctl import report_cli  # noqa: E402 - `gpuctl report` lives in its own module
+
+VERBS["report"] = report_cli.run
 
 
 def main(argv: Sequence[str] | None = None) -> int:

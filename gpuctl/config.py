@@ -48,6 +48,7 @@ __all__ = [
     "Location",
     "NodeConfig",
     "TRANSPORTS",
+    "TelemetryConfig",
     "default_config_path",
     "load_config",
     "parse_config",
@@ -177,6 +178,18 @@ class DepartmentConfig:
 
 
 @dataclass(frozen=True)
+class TelemetryConfig:
+    """Where the console takes telemetry and history from (``[telemetry]``): source "nodes" (each
+    node's gpuctld over SSH, the default) or "prometheus" (url: ``http(s)://host:port`` of a
+    Prometheus scraping every gpuctld; see docs/PROMETHEUS.md); timeout_s per Prometheus request.
+    Ownership changes always go to the nodes over SSH."""
+
+    source: str = "nodes"
+    url: str | None = None
+    timeout_s: float = 5.0
+
+
+@dataclass(frozen=True)
 class FleetConfig:
     """The whole fleet config.
 
@@ -191,6 +204,7 @@ class FleetConfig:
     theme: str | None = None
     refresh_s: float = 1.0
     max_parallel: int = 16
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     def node(self, name: str) -> NodeConfig | None:
         """The node called `name`, or None when the config has no such node."""
@@ -255,6 +269,11 @@ def render_config(cfg: FleetConfig) -> str:
         out.append(f"theme = {_toml_value(cfg.theme)}")
     out.append(f"refresh_s = {_toml_value(float(cfg.refresh_s))}")
     out.append(f"max_parallel = {_toml_value(cfg.max_parallel)}")
+    if cfg.telemetry != TelemetryConfig():
+        out += ["", "[telemetry]", f"source = {_toml_value(cfg.telemetry.source)}",
+                f"timeout_s = {_toml_value(float(cfg.telemetry.timeout_s))}"]
+        if cfg.telemetry.url is not None:
+            out.append(f"url = {_toml_value(cfg.telemetry.url)}")
     for d in cfg.departments:
         out += ["", "[[department]]", f"name = {_toml_value(d.name)}", f"priority = {_toml_value(d.priority)}"]
         if d.color is not None:
@@ -566,7 +585,8 @@ def _toml_value(value: Any) -> str:
 # --------------------------------------------------------------------------------------------------
 # Validation of the parsed document
 
-_TOP_KEYS = ("theme", "refresh_s", "max_parallel", "node", "department")
+_TOP_KEYS = ("theme", "refresh_s", "max_parallel", "node", "department", "telemetry")
+_TELEMETRY_KEYS = ("source", "url", "timeout_s")
 #: Bounds of the config's numbers: refresh_s >= MIN_REFRESH_S; every seconds value <= MAX_SECONDS
 #: (timeouts far beyond that overflow the OS's time types); max_parallel <= MAX_PARALLEL (threads).
 MIN_REFRESH_S = 0.1
@@ -664,11 +684,29 @@ class _Validator:
             kwargs["max_parallel"] = self.integer(("max_parallel",), raw["max_parallel"], 1, None)
             if kwargs["max_parallel"] > MAX_PARALLEL:
                 self.fail(("max_parallel",), f"must be an integer 1..{MAX_PARALLEL}, got {kwargs['max_parallel']}")
+        if "telemetry" in raw:
+            kwargs["telemetry"] = self.telemetry(raw["telemetry"])
         departments = tuple(self.department(loc, t, name) for loc, t, name in self.elements(raw, "department"))
         self.no_duplicates("department", departments)
         nodes = tuple(self.node(loc, t, name) for loc, t, name in self.elements(raw, "node"))
         self.no_duplicates("node", nodes)
         return FleetConfig(path=self.path, nodes=nodes, departments=departments, **kwargs)
+
+    def telemetry(self, t: Any) -> TelemetryConfig:
+        loc = ("telemetry",)
+        if not isinstance(t, dict):
+            self.fail(loc, f"must be a table [telemetry], got {_got(t)}")
+        self.check_keys(loc, t, _TELEMETRY_KEYS, "[telemetry]")
+        source = self.string(loc + ("source",), t.get("source", "nodes"))
+        if source not in ("nodes", "prometheus"):
+            self.fail(loc + ("source",), f"must be \"nodes\" or \"prometheus\", got {source!r}")
+        url = self.string(loc + ("url",), t["url"]) if "url" in t else None
+        if url is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
+            self.fail(loc + ("url",), f"must be an http:// or https:// URL like http://prometheus:9090, got {url!r}")
+        if source == "prometheus" and url is None:
+            self.fail(loc, 'source = "prometheus" needs url = "http://HOST:9090"')
+        timeout = self.seconds(loc + ("timeout_s",), t["timeout_s"]) if "timeout_s" in t else 5.0
+        return TelemetryConfig(source=source, url=url, timeout_s=timeout)
 
     def elements(self, raw: dict[str, Any], kind: str) -> list[tuple[_Path, dict[str, Any], str | None]]:
         """(location, table, name from the table key or None) for each [[kind]] / [kind.NAME] element."""

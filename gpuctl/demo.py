@@ -144,8 +144,12 @@ def _assign_layout(node: DemoNode, row: tuple) -> None:
             r.raise_for_status()
 
 
-def start_demo_fleet(nodes: int = 4, gpus: int = 8, seed: int = 0, root: Path | None = None) -> DemoFleet:
+def start_demo_fleet(nodes: int = 4, gpus: int = 8, seed: int = 0, root: Path | None = None,
+                     history: str | None = None) -> DemoFleet:
     """Start `nodes` simulated gpuctld processes with `gpus` GPUs each and write their fleet config.
+
+    history: a duration (``30d``): once the demo layout is assigned, each daemon is restarted with
+    ``--history`` so its usage database holds a simulated past of the demo's departments.
 
     Node k (1-based, named "sim-01"...) runs with seed `seed + k`. Raises RuntimeError naming the
     node (and its log's tail) when a daemon fails to start; daemons already started are stopped.
@@ -170,6 +174,10 @@ def start_demo_fleet(nodes: int = 4, gpus: int = 8, seed: int = 0, root: Path | 
         for i, n in enumerate(fleet.nodes):
             _wait_ready(n)
             _assign_layout(n, _LAYOUT[i % len(_LAYOUT)])
+        if history:
+            from gpuctl.demo_history import restart_with_history
+
+            restart_with_history(fleet.nodes, history, _pdeathsig, _wait_ready)
         loc = Location(str(fleet.config_path), 0)
         cfg = FleetConfig(
             path=fleet.config_path,
@@ -185,9 +193,9 @@ def start_demo_fleet(nodes: int = 4, gpus: int = 8, seed: int = 0, root: Path | 
 
 
 @contextlib.contextmanager
-def demo_fleet(nodes: int = 4, gpus: int = 8, seed: int = 0) -> Iterator[DemoFleet]:
+def demo_fleet(nodes: int = 4, gpus: int = 8, seed: int = 0, history: str | None = None) -> Iterator[DemoFleet]:
     """Context manager around start_demo_fleet that always stops the daemons (also on SIGTERM)."""
-    fleet = start_demo_fleet(nodes, gpus, seed)
+    fleet = start_demo_fleet(nodes, gpus, seed, history=history)
 
     def on_term(signum, frame):  # noqa: ARG001 - signal handler signature
         raise KeyboardInterrupt
@@ -202,14 +210,14 @@ def demo_fleet(nodes: int = 4, gpus: int = 8, seed: int = 0) -> Iterator[DemoFle
 
 def run_demo(*, nodes: int = 4, gpus: int = 8, seed: int = 0, console: bool = True,
              readonly: bool = False, theme: str | None = None, json_out: bool = False,
-             write_config: str | None = None) -> int:
+             write_config: str | None = None, history: str | None = None) -> int:
     """The `gpuctl demo` verb. write_config: also copy the fleet config there (removed again when
     the demo stops). Returns an ExitCode."""
     from gpuctl.client import FleetClient, default_transport_factory
     from gpuctl.config import load_config
 
     print(f"gpuctl demo: starting {nodes} simulated nodes x {gpus} GPUs ...", file=sys.stderr)
-    with demo_fleet(nodes, gpus, seed) as fleet:
+    with demo_fleet(nodes, gpus, seed, history) as fleet:
         cfg = load_config(fleet.config_path)
         if write_config:
             Path(write_config).write_text(fleet.config_path.read_text(encoding="utf-8"), encoding="utf-8")

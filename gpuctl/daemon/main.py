@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--socket", type=Path, default=None, help=f"control socket path (default {default_socket_path()})")
     p.add_argument("--socket-group", default=None, help="group given to the socket file (mode 0660)")
     p.add_argument("--interval", type=_positive_float, default=1.0, help="telemetry sampling interval, seconds (default 1)")
-    p.add_argument("--history", type=_positive_float, default=600.0, help="telemetry history kept, seconds (default 600)")
+    p.add_argument("--telemetry-history", type=_positive_float, default=600.0,
+                   help="telemetry history kept in memory, seconds (default 600)")
     p.add_argument("--reset-state", action="store_true",
                    help="if the state file is unusable, move it aside (state.json.corrupt-<time>) and start fresh")
     p.add_argument("--datapath-bind", metavar="ADDR", default="127.0.0.1",
@@ -114,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--numpy-quota-cap-bytes", type=_cap_bytes, default=None, metavar="BYTES",
                    help="most memory quota of one lease served by the NumPy executor, which holds arrays in "
                         "host memory (default: half of MemAvailable when gpuctld starts)")
+    from gpuctl.daemon import observability
+
+    observability.add_arguments(p)  # --history, --no-usage, --metrics-listen, --metrics-node
     return p
 
 
@@ -242,7 +246,7 @@ def serve_main(args: argparse.Namespace) -> int:
             logging.warning("GPU %s is in the state file but the backend did not report it; "
                             "its slices and owners are kept and shown as missing", uuid)
 
-        sampler = Sampler(backend, interval_s=args.interval, history_s=args.history)
+        sampler = Sampler(backend, interval_s=args.interval, history_s=args.telemetry_history)
         sampler.sample_once()
         sampler.start()
         api = ControlApi(backend_name=backend.name, gpus=gpus, sampler=sampler, state=manager)
@@ -265,15 +269,29 @@ def serve_main(args: argparse.Namespace) -> int:
             backend.close()
             return ExitCode.FAILURE
         leases.install(api)
+        from gpuctl.daemon import observability
+
+        try:
+            extras = observability.start(args, api=api, state=manager, sampler=sampler, state_dir=state_dir,
+                                         backend=backend, gpus=gpus)
+        except ValueError as e:
+            _say(str(e))
+            sampler.stop()
+            backend.close()
+            return ExitCode.FAILURE
+        for note in extras.notes:
+            _say(note)
         try:
             server = serve(api, socket_path, group=args.socket_group)
         except SocketInUseError as e:
             _say(str(e))
+            extras.stop()
             sampler.stop()
             backend.close()
             return ExitCode.FAILURE
         except (OSError, ValueError) as e:
             _say(f"cannot serve on {socket_path}: {e}")
+            extras.stop()
             sampler.stop()
             backend.close()
             return ExitCode.FAILURE
@@ -300,6 +318,7 @@ def serve_main(args: argparse.Namespace) -> int:
         ended = leases.close()
         if ended:
             _say(f"ended {len(ended)} lease(s) and stopped their workers: {', '.join(ended)}")
+        extras.stop()
         sampler.stop()
         backend.close()
         _say(f"stopped (generation {manager.generation}, socket {socket_path} removed)")

@@ -37,7 +37,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from gpuctl.model import ALLOWED_PARTS, UNASSIGNED, GpuIdentity, Lease, Slice, slice_id
 
@@ -439,6 +439,8 @@ class NodeStateManager:
         self.gpus: dict[str, GpuIdentity] = {}
         self.missing_gpus: set[str] = set()
         self.retired_slices: list[str] = []
+        #: Called with the new NodeState after every committed change (must not raise; usage accounting).
+        self.listeners: list[Callable[[NodeState], None]] = []
 
     # -- reading
 
@@ -470,6 +472,8 @@ class NodeStateManager:
                 f"could not write the state file {self.store.path}: {e.strerror or e}; nothing was changed"
             ) from e
         self._state = new
+        for listener in self.listeners:
+            listener(new)
 
     def _replay(self, request_id: str, op: str) -> dict[str, Any] | None:
         entry = self._state.requests.get(request_id)
