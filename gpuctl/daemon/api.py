@@ -92,7 +92,8 @@ class Peer:
 @dataclass
 class ApiRequest:
     """One request as the API sees it: method ("GET"), path ("/v1/status"), query (parsed
-    ``parse_qs``), body (raw bytes), peer; ``note``: extra words for the request's log line."""
+    ``parse_qs``), body (raw bytes), peer; ``note``: extra words for the request's log line;
+    headers: lower-cased name -> value (the audit log reads ``gpuctl-user``)."""
 
     method: str
     path: str
@@ -100,6 +101,7 @@ class ApiRequest:
     body: bytes = b""
     peer: Peer = field(default_factory=Peer)
     note: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
 
     def json_object(self) -> dict[str, Any]:
         """The body parsed as a JSON object. ApiError 400 ``bad_json`` naming line and column."""
@@ -519,7 +521,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
         t0 = time.monotonic()
         parsed = urllib.parse.urlsplit(self.path)
         request = ApiRequest(method=self.command, path=parsed.path,
-                             query=urllib.parse.parse_qs(parsed.query), peer=self.peer)
+                             query=urllib.parse.parse_qs(parsed.query), peer=self.peer,
+                             headers={k.lower(): v for k, v in self.headers.items()})
         if self.request_version == "HTTP/0.9":
             self.send_error(400, "HTTP/0.9 requests are not supported; send HTTP/1.1")
             return
