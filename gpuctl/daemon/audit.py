@@ -367,14 +367,17 @@ def describe_change(old: Any, new: Any) -> dict[str, Any] | None:
     before, after = _slice_owner_map(old), _slice_owner_map(new)
     moved = [{"slice_id": sid, "from": before[sid][0], "to": after[sid][0]}
              for sid in sorted(after) if sid in before and before[sid][0] != after[sid][0]]
-    gone = set(before) - set(after)
-    split = []
-    for gpu in sorted({before[sid][1] for sid in gone}):
-        made = sorted(sid for sid in set(after) - set(before) if after[sid][1] == gpu)
-        split.append({"gpu_uuid": gpu, "slices_before": sorted(s for s in gone if before[s][1] == gpu),
-                      "slices_after": made})
-    created = sorted(sid for sid in set(after) - set(before)
-                     if not any(sid in sp["slices_after"] for sp in split))
+    def layout(state: Any) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for sid, s in state.slices.items():
+            out.setdefault(s.gpu_uuid, {})[sid] = s.fraction
+        return out
+
+    old_gpus, new_gpus = layout(old), layout(new)
+    split = [{"gpu_uuid": gpu, "slices_before": sorted(old_gpus[gpu]), "slices_after": sorted(new_gpus[gpu]),
+              "parts": len(new_gpus[gpu])}
+             for gpu in sorted(new_gpus) if gpu in old_gpus and old_gpus[gpu] != new_gpus[gpu]]
+    created = sorted(sid for gpu in new_gpus if gpu not in old_gpus for sid in new_gpus[gpu])
     pending = [{"slice_id": sid, "from": s.department, "to": s.pending.get("to")}
                for sid, s in sorted(new.slices.items())
                if s.pending and not (old.slices.get(sid) and old.slices[sid].pending == s.pending)]
