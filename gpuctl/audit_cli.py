@@ -12,6 +12,7 @@ read: the others are still shown).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -87,6 +88,16 @@ def what_text(r: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``gpuctl audit``; returns an ExitCode."""
+    from gpuctl.cli import UsageError  # gpuctl.cli's own class (under `python -m gpuctl.cli` there are two)
+
+    try:
+        return _run(args)
+    except UsageError as e:
+        print(f"gpuctl: {e}", file=sys.stderr)
+        return ExitCode.USAGE
+
+
+def _run(args: argparse.Namespace) -> int:
     from gpuctl.cli import UsageError, _check_node, _console, _emit_json, _err, _fleet, _load_config
     from gpuctl.timeparse import TimeError, parse_since, show_local
 

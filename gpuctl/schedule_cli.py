@@ -58,7 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``gpuctl schedule ACTION``; returns an ExitCode."""
-    return {"add": _add, "list": _list, "cancel": _cancel}[args.schedule_verb](args)
+    from gpuctl.cli import UsageError  # gpuctl.cli's own class (under `python -m gpuctl.cli` there are two)
+
+    try:
+        return {"add": _add, "list": _list, "cancel": _cancel}[args.schedule_verb](args)
+    except UsageError as e:
+        print(f"gpuctl: {e}", file=sys.stderr)
+        return ExitCode.USAGE
 
 
 def _add(args: argparse.Namespace) -> int:

@@ -217,15 +217,11 @@ class AuditLog:
                 return
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-                size = os.fstat(fd).st_size
-                if size:
-                    with open(self.path, "rb") as f:
-                        f.seek(size - 1)
-                        if f.read(1) != b"\n":
-                            os.write(fd, b"\n")
-                            log.warning("audit log %s ended in a cut line (a crash while writing); "
-                                        "it is kept and reported by `gpuctl audit`", self.path)
+                fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o640)
+                if not _ends_with_newline(fd):
+                    os.write(fd, b"\n")
+                    log.warning("audit log %s ended in a cut line (a crash while writing); "
+                                "it is kept and reported by `gpuctl audit`", self.path)
             except OSError as e:
                 raise AuditWriteError(f"cannot open the audit log {self.path}: {e.strerror or e}") from e
             self._fd = fd
@@ -253,6 +249,8 @@ class AuditLog:
                 if self._fd is None:
                     self.open()
                 assert self._fd is not None
+                if not _ends_with_newline(self._fd):  # another writer left a cut line: start a new one
+                    line = b"\n" + line
                 os.write(self._fd, line)
                 os.fsync(self._fd)
                 if os.fstat(self._fd).st_size >= self.max_bytes:
@@ -355,6 +353,12 @@ class AuditLog:
                    "change_recorded": bool(changes.get(op)), "state_answer": answer}
             written.append(self.append(out))
         return written
+
+
+def _ends_with_newline(fd: int) -> bool:
+    """True when the file is empty or its last byte is a newline."""
+    size = os.fstat(fd).st_size
+    return size == 0 or os.pread(fd, 1, size - 1) == b"\n"
 
 
 def _slice_owner_map(state: Any) -> dict[str, tuple[str, str]]:
