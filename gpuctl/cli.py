@@ -106,10 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     from gpuctl.bootstrap_cli import add_node_verbs  # node bootstrap
 
     add_node_verbs(verb)
-    from gpuctl import audit_cli, schedule_cli  # each verb in its own module (add_arguments, run)
+    from gpuctl import audit_cli, plan_cli, schedule_cli  # each verb in its own module (add_arguments, run)
 
     schedule_cli.add_arguments(verb("schedule", "reassignments the nodes execute at a time: add, list, cancel"))
     audit_cli.add_arguments(verb("audit", "who changed what on the nodes, merged, newest last"))
+    plan_cli.add_arguments(verb("plan", "plans of department ownership over time: check, show, apply"))
     return parser
 
 
@@ -521,9 +522,9 @@ VERBS.update(LEASE_VERBS)
 from gpuctl.bootstrap_cli import NODE_VERBS  # noqa: E402 - node bootstrap lives in its own module
 
 VERBS.update(NODE_VERBS)
-from gpuctl import audit_cli, schedule_cli  # noqa: E402 - verbs in their own modules
+from gpuctl import audit_cli, plan_cli, schedule_cli  # noqa: E402 - verbs in their own modules
 
-VERBS.update({"schedule": schedule_cli.run, "audit": audit_cli.run})
+VERBS.update({"schedule": schedule_cli.run, "audit": audit_cli.run, "plan": plan_cli.run})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
