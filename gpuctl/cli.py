@@ -60,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     verb("departments", "slices owned by each department, in GPU-equivalents per node")
 
     p = verb("reassign", "move slices from one department to another")
-    p.add_argument("--from", dest="src", required=True, metavar="DEPT", help="department giving slices ('unassigned' for new GPUs)")
+    p.add_argument("--from", dest="src", required=True, metavar="DEPT",
+                   help="department giving slices ('unassigned' for new GPUs; 'any': idle slices of the "
+                        "unassigned pool, then of the lowest-priority departments)")
     p.add_argument("--to", dest="dst", required=True, metavar="DEPT", help="department receiving them")
     amount = p.add_mutually_exclusive_group(required=True)
     amount.add_argument("--count", type=int, metavar="N", help="number of slices")
@@ -385,7 +387,8 @@ def _print_reassign(result) -> None:
         for col in ("node", "GPU", "slice", "fraction", "result"):
             t.add_column(col, no_wrap=col != "result")
         for m, what in rows:
-            t.add_row(m.node, str(m.gpu_index), m.slice_id, fmt_fraction(m.fraction), what)
+            t.add_row(m.node, str(m.gpu_index), m.slice_id, fmt_fraction(m.fraction),
+                      f"{what} (from {m.owner})" if m.owner else what)
         con.print(t)
     if result.plan.shortfall:
         _err(f"nothing moved: {result.plan.shortfall}")
