@@ -68,8 +68,8 @@ def what_text(r: dict[str, Any]) -> str:
         for m in moved:
             pairs[(m.get("from"), m.get("to"))] = pairs.get((m.get("from"), m.get("to")), 0) + 1
         parts += [f"{n} slice(s) {a} -> {b}" for (a, b), n in pairs.items()]
-    elif moved:
-        parts.append(f"{len(moved)} slice(s) moved")
+    if r.get("moved_slice_ids"):
+        parts.append(f"{len(r['moved_slice_ids'])} slice(s) moved")
     for key, word in (("pending", "waiting to drain"), ("leases_added", "lease(s) granted"),
                       ("leases_ended", "lease(s) ended"), ("split", "GPU(s) split"),
                       ("slices_created", "slice(s) created")):

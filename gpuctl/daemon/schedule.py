@@ -324,7 +324,7 @@ class ScheduleManager:
                            "who": who, "action": action, "entry": e.id, "status": after.status,
                            "outcome": "ok" if after.status in ("done", "late", "waiting") else "refused",
                            "reason": after.reason, "late_s": after.late_s,
-                           "moved": after.moved, "pending": after.pending})
+                           "moved_slice_ids": after.moved, "pending_slice_ids": after.pending})
 
     def _execute(self, e: ScheduleEntry, now: float) -> None:
         def run() -> None:
