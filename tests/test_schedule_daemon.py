@@ -8,6 +8,7 @@ result is read from the daemon's own state file.
 from __future__ import annotations
 
 import getpass
+import os
 import json
 import socket
 import time
@@ -208,3 +209,46 @@ def test_audit_filters_by_department_and_time(fleet):
     assert bad.code == 2 and "--dept: unknown department 'marketing'" in bad.stderr
     bad = run_cli("audit", "--since", "last tuesday", "--config", str(cfg))
     assert bad.code == 2 and "--since:" in bad.stderr
+
+
+def test_revoke_with_grace_ends_a_real_lease_and_its_worker_then_moves(fleet):
+    cfg, d1, d2, offset = fleet
+    sid = sorted(daemon_slices(d1.socket_path))[0]
+    assert run_cli("reassign", "--from", "unassigned", "--to", "research", "--slice", sid, "--yes",
+                   "--config", str(cfg)).code == 0
+    with uds_client(d1.socket_path, timeout_s=30) as c:
+        lease = c.post("/v1/leases", json={"request_id": "lease-1", "department": "research", "owner": "bob@ws",
+                                           "ttl_s": 600, "slice_ids": [sid]})
+        assert lease.status_code == 201, lease.text
+        lid = lease.json()["lease"]["id"]
+        worker_pid = c.get("/v1/leases").json()["leases"][0]["worker_pid"]
+    refused = run_cli("schedule", "add", "--at", "+1h", "--from", "research", "--to", "training", "--slice", sid,
+                      "--yes", "--config", str(cfg))
+    assert refused.code == 6 and f"{sid}: leased by {lid} (use --drain or --revoke)" in refused.stderr
+    r = run_cli("schedule", "add", "--at", "+1h", "--from", "research", "--to", "training", "--slice", sid,
+                "--revoke", "--grace", "10m", "--yes", "--json", "--config", str(cfg))
+    assert r.code == 0, r.stderr
+    offset.write_text("3601")
+    deadline = time.monotonic() + 3
+    while _entries(d1)[0]["status"] != "waiting" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (e,) = _entries(d1)
+    assert e["status"] == "waiting" and e["pending"] == [sid]
+    assert daemon_slices(d1.socket_path)[sid]["lease_id"] == lid  # the lease runs on during the grace
+    offset.write_text(str(3601 + 600))
+    slices = _wait_on_disk(d1, lambda s: s[sid] == "training")
+    assert slices[sid] == "training"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"worker {worker_pid} still runs after its lease was revoked")
+    with uds_client(d1.socket_path) as c:
+        assert c.get("/v1/leases").json()["leases"] == []
+    au = run_cli("audit", "--json", "--config", str(cfg)).json["records"]
+    ended = [x for x in au if x.get("leases_ended")]
+    assert ended and ended[-1]["leases_ended"][0]["id"] == lid and ended[-1]["who"]["internal"] == "schedule"
