@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
 
 from gpuctl.exit_codes import ExitCode
 
@@ -25,65 +24,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only records since: a duration back from now (2h, 1d) or a time (ISO 8601, 'today 08:00')")
     parser.add_argument("--dept", metavar="DEPT", help="only changes that moved slices or leases of this department")
     parser.add_argument("--node", metavar="NAME", help="only this node's log")
-
-
-def mentions(record: dict[str, Any], dept: str) -> bool:
-    """True when a record moved slices from or to `dept`, or granted/ended one of its leases."""
-    for key in ("moved", "pending"):
-        for m in record.get(key) or []:
-            if isinstance(m, dict) and dept in (m.get("from"), m.get("to")):
-                return True
-    for key in ("leases_added", "leases_ended"):
-        for lease in record.get(key) or []:
-            if isinstance(lease, dict) and lease.get("department") == dept:
-                return True
-    return any(isinstance(s, dict) and s.get("to") == dept for s in record.get("slices_created") or [])
-
-
-def filter_dept(records: list[dict[str, Any]], dept: str) -> list[dict[str, Any]]:
-    """Records that mention `dept`, with the begin/end records of the same operation."""
-    ops = {(r.get("node"), r.get("op")) for r in records if r.get("op") and mentions(r, dept)}
-    return [r for r in records if mentions(r, dept) or (r.get("op") and (r.get("node"), r.get("op")) in ops)]
-
-
-def who_text(who: Any) -> str:
-    """``ssh_user (reported user@host)`` or ``gpuctld:<job>`` for internal changes."""
-    if not isinstance(who, dict):
-        return "?"
-    if "internal" in who:
-        by = who.get("scheduled_by")
-        extra = f" for {who_text(by)}" if isinstance(by, dict) else ""
-        return f"gpuctld:{who['internal']}{extra}"
-    user = who.get("ssh_user") or f"uid {who.get('peer_uid')}"
-    rep = who.get("reported")
-    return f"{user} ({rep})" if rep else str(user)
-
-
-def what_text(r: dict[str, Any]) -> str:
-    """What a record says happened, in a few words."""
-    parts = []
-    moved = r.get("moved") or []
-    if moved and isinstance(moved[0], dict):
-        pairs: dict[tuple[str, str], int] = {}
-        for m in moved:
-            pairs[(m.get("from"), m.get("to"))] = pairs.get((m.get("from"), m.get("to")), 0) + 1
-        parts += [f"{n} slice(s) {a} -> {b}" for (a, b), n in pairs.items()]
-    if r.get("moved_slice_ids"):
-        parts.append(f"{len(r['moved_slice_ids'])} slice(s) moved")
-    for key, word in (("pending", "waiting to drain"), ("leases_added", "lease(s) granted"),
-                      ("leases_ended", "lease(s) ended"), ("split", "GPU(s) split"),
-                      ("slices_created", "slice(s) created")):
-        if r.get(key):
-            parts.append(f"{len(r[key])} {word}")
-    if r.get("phase") == "begin":
-        parts.append("started")
-    if r.get("error"):
-        parts.append(f"{r['error'].get('code')}: {r['error'].get('message')}")
-    if r.get("reason"):
-        parts.append(str(r["reason"]))
-    if r.get("note"):
-        parts.append(str(r["note"]))
-    return "; ".join(parts)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from gpuctl.cli import UsageError, _check_node, _console, _emit_json, _err, _fleet, _load_config
+    from gpuctl.schedule_service import audit_records, what_text, who_text
     from gpuctl.timeparse import TimeError, parse_since, show_local
 
     cfg = _load_config(args)
@@ -114,23 +55,15 @@ def _run(args: argparse.Namespace) -> int:
             raise UsageError(f"--since: {e}") from None
     fleet = _fleet(args, cfg)
     try:
-        res = fleet.fan_out(lambda c: c.audit(since_s), [args.node] if args.node else None)
+        view = audit_records(fleet, since_s, args.dept, args.node)
     finally:
         fleet.close()
-    records: list[dict[str, Any]] = []
-    problems: list[dict[str, Any]] = []
-    for node, doc in res.values.items():
-        for r in doc.get("records", []):
-            records.append({**r, "node_name": node})
-        problems += [{"node": node, **p} for p in doc.get("problems", [])]
-        if doc.get("truncated"):
-            _err(f"node {node}: only its newest {len(doc.get('records', []))} records were sent; use --since")
-    records.sort(key=lambda r: (r.get("time_s") or 0, r.get("node_name")))
-    if args.dept:
-        records = filter_dept(records, args.dept)
+    records, problems = view.records, view.problems
+    for node in view.truncated:
+        _err(f"node {node}: only its newest records were sent; use --since")
     if args.json:
         _emit_json({"records": records, "problems": problems,
-                    "unreachable": {n: str(e) for n, e in res.errors.items()}})
+                    "unreachable": {n: str(e) for n, e in view.errors.items()}})
     else:
         from rich.table import Table
 
@@ -145,6 +78,6 @@ def _run(args: argparse.Namespace) -> int:
     for p in problems:
         _err(f"node {p['node']}: {p['file']} line {p['line']}: unreadable audit record ({p['error']}): "
              f"{p['text'][:80]!r}")
-    for node, err in res.errors.items():
+    for node, err in view.errors.items():
         _err(f"node {node}: its audit log is not shown: {err}")
-    return ExitCode.UNREACHABLE if res.errors else ExitCode.OK
+    return ExitCode.UNREACHABLE if view.errors else ExitCode.OK

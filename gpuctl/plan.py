@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterBadCronError, croniter
+from croniter import croniter
 
 from gpuctl.config import ConfigError, _decode, _scan, _toml_error
 from gpuctl.model import UNASSIGNED

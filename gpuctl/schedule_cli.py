@@ -14,16 +14,12 @@ request id names another schedule, a refused confirmation, or cancel of an entry
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 import time
 from typing import Any
 
 from gpuctl.cli_args import add_actions, inherit_options
 from gpuctl.exit_codes import ExitCode
-
-#: The slice owner used to hide slices already scheduled to leave (never a department name).
-_SCHEDULED = "\x00scheduled"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _add(args: argparse.Namespace) -> int:
-    from gpuctl.cli import UsageError, _check_node, _emit_json, _err, _fleet, _load_config
-    from gpuctl.reassign import Move, ReassignRequest, new_request_id, plan
+    from gpuctl.cli import UsageError, _check_node, _err, _fleet, _load_config
+    from gpuctl.schedule_service import ScheduleError, ScheduleRequest, install, prepare
     from gpuctl.timeparse import TimeError, parse_duration, parse_time, show_local
 
     cfg = _load_config(args)
@@ -87,107 +83,41 @@ def _add(args: argparse.Namespace) -> int:
         grace_s = parse_duration(args.grace) if args.grace else 0.0
     except TimeError as e:
         raise UsageError(f"--grace: {e}") from None
-    leased = "drain" if args.drain else "revoke" if args.revoke else "refuse"
-    req = ReassignRequest(src=args.src, dst=args.dst, count=args.count, gpus=args.gpus, slice_ids=args.slice_ids,
-                          node=args.node, leased=leased, request_id=args.request_id, dry_run=args.dry_run)
-    known = [d.name for d in cfg.departments]
-    req.validate(known)
-    rid = req.request_id or new_request_id()
+    req = ScheduleRequest(at_s=at_s, src=args.src, dst=args.dst, count=args.count, gpus=args.gpus,
+                          slice_ids=args.slice_ids, node=args.node,
+                          leased="drain" if args.drain else "revoke" if args.revoke else "refuse",
+                          grace_s=grace_s, request_id=args.request_id, relative=args.at.strip().startswith("+"),
+                          dry_run=args.dry_run)
     fleet = _fleet(args, cfg)
     try:
-        snap = fleet.snapshot([args.node] if args.node else None)
-        listing = fleet.fan_out(lambda c: c.schedule(), [n.name for n in snap.nodes if n.reachable])
-        # slices already scheduled to leave src are not planned twice; entries of this request id count
-        hidden: set[tuple[str, str]] = set()
-        already: list[Move] = []
-        done_nodes: set[str] = set()
-        for node, doc in listing.values.items():
-            for e in doc.get("entries", []):
-                if e.get("request_id") == rid:
-                    other_time = not args.at.strip().startswith("+") and abs(float(e.get("at_s", 0)) - at_s) > 1
-                    if (e.get("from"), e.get("to")) != (req.src, req.dst) or other_time:
-                        _err(f"--request-id {rid}: node {node} holds it for {e.get('from')} -> {e.get('to')} at "
-                             f"{show_local(e.get('at_s', 0))}; use a new request id")
-                        return ExitCode.CONFLICT
-                    at_s = float(e["at_s"])  # a re-run of a relative time keeps the first time
-                    done_nodes.add(node)
-                    already += [Move(node, sid, -1, _fraction(snap, node, sid)) for sid in e.get("slice_ids", [])]
-                elif e.get("status") in ("planned", "waiting") and e.get("from") == req.src:
-                    hidden.update((node, sid) for sid in e.get("slice_ids", []))
-        view = copy.deepcopy(snap)
-        for n in view.nodes:
-            for g in n.gpus:
-                for s in g.slices:
-                    if (n.name, s.id) in hidden:
-                        s.department = _SCHEDULED
-        req.request_id = rid
-        p = plan(view, req, already, done_nodes)
-        if p.shortfall:
-            _err(f"nothing scheduled: {p.shortfall}")
-            for key, why in p.skipped.items():
-                _err(f"skipped {key}: {why}")
-            return p.shortfall_code
-        by_node: dict[str, list[str]] = {}
-        for m in p.moves:
-            by_node.setdefault(m.node, []).append(m.slice_id)
-        doc: dict[str, Any] = {"request_id": rid, "at_s": at_s, "at": show_local(at_s), "from": req.src,
-                               "to": req.dst, "leased": leased, "grace_s": grace_s, "dry_run": req.dry_run,
-                               "planned": [m.to_json() for m in p.moves],
-                               "already": [m.to_json() for m in already], "nodes": {}}
-        if req.dry_run or not p.moves:
-            if not p.moves:
-                _err(f"request {rid} is already installed on every node that needs it: nothing more to add")
-            _report(args, doc)
-            return ExitCode.OK
-        if not args.yes:
+        try:
+            sp = prepare(fleet, req)
+        except ScheduleError as e:
+            _err(str(e))
+            return e.exit_code
+        if not sp.moves:
+            _err(f"request {sp.request_id} is already installed on every node that needs it: nothing more to add")
+        elif not req.dry_run and not args.yes:
             if not (sys.stdin.isatty() and sys.stderr.isatty() and not args.json):
                 raise UsageError("schedule add installs scheduled moves and no terminal is there to confirm: "
                                  "pass --yes (or --dry-run to see the plan)")
             from gpuctl.cli import _confirm
 
-            if not _confirm(f"At {show_local(at_s)}, move {len(p.moves)} slice(s) ({p.gpu_equivalents:g} "
-                            f"GPU-equivalents) from {req.src} to {req.dst} on {', '.join(sorted(by_node))}?"):
+            if not _confirm(f"At {show_local(sp.at_s)}, move {len(sp.moves)} slice(s) ({sp.gpu_equivalents:g} "
+                            f"GPU-equivalents) from {req.src} to {req.dst} on {', '.join(sorted(sp.by_node))}?"):
                 _err("cancelled: nothing scheduled")
                 return ExitCode.CONFLICT
-
-        def install(client: Any) -> dict[str, Any]:
-            body: dict[str, Any] = {"request_id": rid, "at_s": at_s, "from": req.src, "to": req.dst,
-                                    "slice_ids": by_node[client.name], "leased": leased}
-            if grace_s:
-                body["grace_s"] = grace_s
-            return client.schedule_add(body)
-
-        res = fleet.fan_out(install, list(by_node))
+        result = install(fleet, sp)
     finally:
         fleet.close()
-    failed = 0
-    for node, sids in by_node.items():
-        if node in res.values:
-            answer = res.values[node]
-            doc["nodes"][node] = {"slice_ids": sids, "entry_id": answer["entry"]["id"],
-                                  "status": "replayed" if answer.get("replayed") else "installed"}
-            doc["entry_id"] = answer["entry"]["id"]
-        else:
-            failed += 1
-            err = res.errors[node]
-            doc["nodes"][node] = {"slice_ids": sids, "status": "failed", "code": err.code, "error": str(err)}
-            _err(f"node {node}: not installed ({len(sids)} slice(s)): {err}")
+    doc = result.to_json()
+    doc["at"] = show_local(sp.at_s)
+    for node, err in result.failed.items():
+        _err(f"node {node}: not installed ({len(sp.by_node[node])} slice(s)): {err}")
     _report(args, doc)
-    if failed:
-        if failed < len(by_node):
-            _err(f"partial: run again with --request-id {rid} to complete it")
-            return ExitCode.PARTIAL
-        errors = [res.errors[n] for n in by_node]
-        return ExitCode.UNREACHABLE if all(not e.reachable for e in errors) else ExitCode.CONFLICT
-    return ExitCode.OK
-
-
-def _fraction(snap: Any, node: str, sid: str) -> float:
-    n = snap.node(node)
-    for s in (n.slices() if n else []):
-        if s.id == sid:
-            return s.fraction
-    return 0.0
+    if result.exit_code == ExitCode.PARTIAL:
+        _err(f"partial: run again with --request-id {sp.request_id} to complete it")
+    return result.exit_code
 
 
 def _report(args: argparse.Namespace, doc: dict[str, Any]) -> None:
@@ -212,73 +142,51 @@ def _report(args: argparse.Namespace, doc: dict[str, Any]) -> None:
     _console().print(t)
 
 
-def entry_note(e: dict[str, Any]) -> str:
-    """Words for an entry's state beyond its status: failure reason, how late, what waits."""
-    from gpuctl.timeparse import show_local
-
-    parts = []
-    if e.get("reason"):
-        parts.append(e["reason"])
-    if e.get("late_s"):
-        parts.append(f"ran {e['late_s']:.0f} s late")
-    if e.get("pending"):
-        parts.append(f"{len(e['pending'])} slice(s) wait for their lease to end")
-    if e.get("revoke_at_s") and e.get("status") == "waiting":
-        parts.append(f"leases revoked at {show_local(e['revoke_at_s'])}")
-    if e.get("plan"):
-        parts.append(f"plan {e['plan']}" + (f" ({e['label']})" if e.get("label") else ""))
-    return "; ".join(parts)
-
-
 def _list(args: argparse.Namespace) -> int:
     from gpuctl.cli import _check_node, _console, _emit_json, _err, _fleet, _load_config
+    from gpuctl.schedule_service import entries, entry_note
     from gpuctl.timeparse import show_local
 
     cfg = _load_config(args)
     _check_node(cfg, args.node)
     fleet = _fleet(args, cfg)
     try:
-        res = fleet.fan_out(lambda c: c.schedule(), [args.node] if args.node else None)
+        found, errors = entries(fleet, args.node)
     finally:
         fleet.close()
-    entries = [{"node": node, **e} for node, doc in res.values.items() for e in doc.get("entries", [])]
-    entries.sort(key=lambda e: (e["at_s"], e["id"], e["node"]))
     if args.json:
-        _emit_json({"entries": entries,
-                    "unreachable": {n: str(err) for n, err in res.errors.items()}})
+        _emit_json({"entries": found, "unreachable": {n: str(err) for n, err in errors.items()}})
     else:
         from rich.table import Table
 
         t = Table(title="schedule (local time)", title_justify="left")
         for col in ("id", "at", "node", "from", "to", "slices", "status", "note"):
             t.add_column(col, no_wrap=col != "note")
-        for e in entries:
+        for e in found:
             t.add_row(e["id"], show_local(e["at_s"]), e["node"], e["from"], e["to"], str(len(e["slice_ids"])),
                       e["status"], entry_note(e))
         _console().print(t)
-    for node, err in res.errors.items():
+    for node, err in errors.items():
         _err(f"node {node}: its schedule is not shown: {err}")
-    return ExitCode.UNREACHABLE if res.errors else ExitCode.OK
+    return ExitCode.UNREACHABLE if errors else ExitCode.OK
 
 
 def _cancel(args: argparse.Namespace) -> int:
     from gpuctl.cli import _emit_json, _err, _fleet, _load_config
+    from gpuctl.schedule_service import cancel
 
     cfg = _load_config(args)
     fleet = _fleet(args, cfg)
     try:
-        res = fleet.fan_out(lambda c: c.schedule_cancel(args.entry_id))
+        cancelled, refused, unreachable = cancel(fleet, args.entry_id)
     finally:
         fleet.close()
-    cancelled = {n: v["entry"] for n, v in res.values.items() if v}
-    refused = {n: e for n, e in res.errors.items() if e.reachable}
-    unreachable = {n: e for n, e in res.errors.items() if not e.reachable}
     if args.json:
-        _emit_json({"entry_id": args.entry_id, "cancelled": sorted(cancelled),
+        _emit_json({"entry_id": args.entry_id, "cancelled": cancelled,
                     "refused": {n: str(e) for n, e in refused.items()},
                     "unreachable": {n: str(e) for n, e in unreachable.items()}})
     else:
-        for n in sorted(cancelled):
+        for n in cancelled:
             print(f"{n}: cancelled {args.entry_id}")
     for n, e in refused.items():
         _err(f"node {n}: {e}")

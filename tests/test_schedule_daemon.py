@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import getpass
 import os
-import json
 import socket
 import time
 
