@@ -307,3 +307,57 @@ def what_text(r: dict[str, Any]) -> str:
     if r.get("note"):
         parts.append(str(r["note"]))
     return "; ".join(parts)
+
+
+def parse_amount(text: str) -> dict[str, Any]:
+    """A console form's amount: ``"3"`` -> ``{"count": 3}``, ``"1.5"`` or ``"2g"`` -> ``{"gpus": x}``.
+    Raises ScheduleError (USAGE) naming the text."""
+    t = text.strip().lower()
+    try:
+        if t.endswith("g"):
+            return {"gpus": float(t[:-1])}
+        if "." in t:
+            return {"gpus": float(t)}
+        return {"count": int(t)}
+    except ValueError:
+        raise ScheduleError(f"amount {text!r}: a number of slices (3) or GPU-equivalents (1.5 or 2g)",
+                            ExitCode.USAGE) from None
+
+
+class FleetSchedule:
+    """The console's schedule and audit source over a FleetClient (every method blocks: call it
+    from a worker thread). Same services as the CLI."""
+
+    def __init__(self, fleet: Any):
+        self.fleet = fleet
+
+    @property
+    def departments(self) -> list[str]:
+        return [d.name for d in self.fleet.departments]
+
+    def entries(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Every node's entries and node -> error."""
+        return entries(self.fleet)
+
+    def add(self, at_text: str, src: str, dst: str, amount: str, now_s: float) -> ScheduleResult:
+        """Plan and install a schedule from the form's texts. Raises ScheduleError (bad time or
+        amount: USAGE; planning refused) and ReassignError (bad department)."""
+        from gpuctl.timeparse import TimeError, parse_time, show_local
+
+        try:
+            at_s = parse_time(at_text, now_s)
+        except TimeError as e:
+            raise ScheduleError(f"time: {e}", ExitCode.USAGE) from None
+        if at_s <= now_s:
+            raise ScheduleError(f"time: {show_local(at_s)} is in the past", ExitCode.USAGE)
+        req = ScheduleRequest(at_s=at_s, src=src.strip(), dst=dst.strip(), relative=at_text.strip().startswith("+"),
+                              **parse_amount(amount))
+        return install(self.fleet, prepare(self.fleet, req))
+
+    def cancel(self, entry_id: str) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+        """Cancel an entry on every node (see :func:`cancel`)."""
+        return cancel(self.fleet, entry_id)
+
+    def audit(self, since_s: float | None = None) -> AuditView:
+        """Every node's audit records (see :func:`audit_records`)."""
+        return audit_records(self.fleet, since_s)
