@@ -290,15 +290,20 @@ class ScheduleManager:
         ids of entries whose status changed. Never raises for an entry's failure (it is recorded)."""
         changed = []
         now = self.clock()
-        for e in self.entries():
-            try:
-                if e.status == "planned" and e.at_s <= now:
-                    self._execute(e, now)
-                    changed.append(e.id)
-                elif e.status == "waiting" and self._advance(e, now):
-                    changed.append(e.id)
-            except StateWriteError as exc:  # the schedule file: retried next round
-                log.error("schedule entry %s: %s", e.id, exc.message)
+        for listed in self.entries():
+            # under the lock: a cancel that arrives meanwhile waits, then finds the entry finished
+            with self._lock:
+                e = copy.deepcopy(self._entries.get(listed.id))
+                if e is None:
+                    continue
+                try:
+                    if e.status == "planned" and e.at_s <= now:
+                        self._execute(e, now)
+                        changed.append(e.id)
+                    elif e.status == "waiting" and self._advance(e, now):
+                        changed.append(e.id)
+                except StateWriteError as exc:  # the schedule file: retried next round
+                    log.error("schedule entry %s: %s", e.id, exc.message)
         return changed
 
     def _assign(self, rid: str, moves: list[dict[str, str]], mode: str) -> dict[str, Any]:
