@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from zoneinfo import ZoneInfo
 
 #: Seconds per duration unit.
 UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -43,16 +42,15 @@ def parse_time(text: str, now_s: float, tz: dt.tzinfo | None = None) -> float:
     """A point in time -> Unix seconds (UTC).
 
     Forms: ``+DURATION`` (from `now_s`), ``today HH:MM`` / ``tomorrow HH:MM`` (in `tz`), ISO 8601
-    date or date-time with a zone (``Z``, ``+01:00``) or without one (then in `tz`: the local zone
-    by default). Raises TimeError naming the text and the accepted forms.
+    date or date-time with a zone (``Z``, ``+01:00``) or without one (then in `tz`; None: the
+    system's local zone, DST included). Raises TimeError naming the text and the accepted forms.
     """
-    tz = tz or local_zone()
     t = text.strip()
     if t.startswith("+"):
         return now_s + parse_duration(t[1:])
     m = re.fullmatch(r"(today|tomorrow)\s+(\d{1,2}):(\d{2})", t, re.IGNORECASE)
     if m:
-        day = dt.datetime.fromtimestamp(now_s, tz).date()
+        day = dt.datetime.fromtimestamp(now_s, tz).date()  # tz None: the system's local date
         if m.group(1).lower() == "tomorrow":
             day += dt.timedelta(days=1)
         hh, mm = int(m.group(2)), int(m.group(3))
@@ -68,11 +66,12 @@ def parse_time(text: str, now_s: float, tz: dt.tzinfo | None = None) -> float:
     return when.timestamp()
 
 
-def _localize(naive: dt.datetime, tz: dt.tzinfo) -> dt.datetime:
-    """`naive` wall-clock time in `tz` (the earlier one of an ambiguous hour, fold=0)."""
-    if isinstance(tz, ZoneInfo):
-        return naive.replace(tzinfo=tz)
-    return naive.replace(tzinfo=tz) if tz.utcoffset(naive) is not None else naive.astimezone()
+def _localize(naive: dt.datetime, tz: dt.tzinfo | None) -> dt.datetime:
+    """`naive` wall-clock time in `tz` (the earlier one of an ambiguous hour, fold=0); with tz
+    None, in the system's local zone with its own DST rules (datetime.astimezone)."""
+    if tz is None:
+        return naive.astimezone()
+    return naive.replace(tzinfo=tz)
 
 
 def parse_since(text: str, now_s: float, tz: dt.tzinfo | None = None) -> float:

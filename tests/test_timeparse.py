@@ -54,3 +54,20 @@ def test_since_takes_a_duration_back_or_a_time():
 
 def test_show_local_names_the_zone():
     assert show_local(NOW, PARIS) == "2026-03-28 12:00:00 CET"
+
+
+def test_system_local_zone_follows_its_dst_rules():
+    """No zone given: the machine's own zone (TZ), with its DST change between today and tomorrow."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import datetime as dt; from gpuctl.timeparse import parse_time; "
+            "now = dt.datetime(2026, 3, 28, 12, 0).astimezone().timestamp(); "
+            "print(parse_time('tomorrow 08:00', now), parse_time('2026-03-28T08:00', now))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, TZ="Europe/Paris"))
+    assert out.returncode == 0, out.stderr
+    tomorrow, today = map(float, out.stdout.split())
+    assert tomorrow == dt.datetime(2026, 3, 29, 6, 0, tzinfo=dt.timezone.utc).timestamp()  # CEST, UTC+2
+    assert today == dt.datetime(2026, 3, 28, 7, 0, tzinfo=dt.timezone.utc).timestamp()  # CET, UTC+1
