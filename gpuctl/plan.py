@@ -7,7 +7,7 @@ File format::
     name = "daytime-inference"   # identifies this plan's schedule entries on the nodes (default: file stem)
     pool = "unassigned"          # windows take GPUs from the pool and give them back at their end
     capacity_gpus = 16           # GPU-equivalents the pool holds (optional: else the fleet is asked)
-    zone = "Europe/Paris"        # zone of times written without one (default: the local zone)
+    zone = "Europe/Paris"        # zone of times written without one (default: the system's zone)
 
     [[window]]
     department = "inference"
@@ -41,7 +41,7 @@ from croniter import croniter
 
 from gpuctl.config import ConfigError, _decode, _scan, _toml_error
 from gpuctl.model import UNASSIGNED
-from gpuctl.timeparse import TimeError, local_zone, parse_duration
+from gpuctl.timeparse import TimeError, parse_duration, system_zone
 
 ON_CONFLICT = ("drain", "revoke")
 #: Most occurrences one recurring window may produce within a check or apply horizon.
@@ -141,7 +141,7 @@ class _Reader:
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not
                                 math.isfinite(cap) or cap < 0):
             raise self.err(("plan", "capacity_gpus"), "plan.capacity_gpus", f"must be a number >= 0, got {cap!r}")
-        zone: dt.tzinfo = local_zone()
+        zone: dt.tzinfo = system_zone()
         if "zone" in head:
             try:
                 zone = ZoneInfo(str(head["zone"]))

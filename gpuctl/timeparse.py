@@ -38,6 +38,26 @@ def local_zone() -> dt.tzinfo:
     return tz
 
 
+def system_zone() -> dt.tzinfo:
+    """The machine's zone with its DST rules where it can be named: $TZ, else the /etc/localtime
+    link (``.../zoneinfo/Europe/Paris``), as a ZoneInfo; else today's fixed offset (local_zone)."""
+    import os
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    names = [os.environ.get("TZ", "").lstrip(":")]
+    try:
+        names.append(os.path.realpath("/etc/localtime").split("/zoneinfo/", 1)[1])
+    except (IndexError, OSError):
+        pass
+    for name in names:
+        if name:
+            try:
+                return ZoneInfo(name)
+            except (ZoneInfoNotFoundError, ValueError):
+                continue
+    return local_zone()
+
+
 def parse_time(text: str, now_s: float, tz: dt.tzinfo | None = None) -> float:
     """A point in time -> Unix seconds (UTC).
 
