@@ -151,7 +151,14 @@ def _show(args: argparse.Namespace) -> int:
     from gpuctl.timeparse import show_local
 
     cfg, plan, prio, from_s, to_s = _context(args)
-    segs = segments(plan, from_s, to_s, plan.capacity_gpus, prio)
+    try:
+        capacity: float | None = _pool_capacity(args, cfg, plan)
+    except RuntimeError as e:  # shown without shortfalls
+        from gpuctl.cli import _err
+
+        _err(f"{e}; shown without shortfalls")
+        capacity = None
+    segs = segments(plan, from_s, to_s, capacity, prio)
     depts = list(dict.fromkeys(w.department for w in plan.windows))
     if args.json:
         _emit_json({"plan": plan.name, "from_s": from_s, "to_s": to_s, "segments": [

@@ -111,6 +111,8 @@ def test_over_commitment_is_named_and_apply_dry_run_installs_nothing(fleet, tmp_
     assert r.code == 6
     assert "over-committed at" in r.stderr and "want 5 of 4 GPU-equivalents" in r.stderr
     assert "inference) short by 1" in r.stderr  # research has the better priority
+    show = run_cli("plan", "show", str(plan), "--to", "+4h", "--json", "--config", str(cfg))
+    assert {"inference": 1.0} in [seg["short_gpus"] for seg in show.json["segments"]]
     dry = run_cli("plan", "apply", str(plan), "--to", "+4h", "--dry-run", "--json", "--config", str(cfg))
     assert dry.code == 0 and dry.json["add"]
     assert _entries(d1) == [] and _entries(d2) == []
