@@ -60,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     verb("departments", "slices owned by each department, in GPU-equivalents per node")
 
     p = verb("reassign", "move slices from one department to another")
-    p.add_argument("--from", dest="src", required=True, metavar="DEPT", help="department giving slices ('unassigned' for new GPUs)")
+    p.add_argument("--from", dest="src", required=True, metavar="DEPT",
+                   help="department giving slices ('unassigned' for new GPUs; 'any': idle slices of the "
+                        "unassigned pool, then of the lowest-priority departments)")
     p.add_argument("--to", dest="dst", required=True, metavar="DEPT", help="department receiving them")
     amount = p.add_mutually_exclusive_group(required=True)
     amount.add_argument("--count", type=int, metavar="N", help="number of slices")
@@ -110,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     from gpuctl import report_cli
 
     report_cli.add_arguments(verb("report", "GPU-hours owned, leased and used per department, node or GPU"))
+    from gpuctl import audit_cli, plan_cli, schedule_cli  # each verb in its own module (add_arguments, run)
+
+    schedule_cli.add_arguments(verb("schedule", "reassignments the nodes execute at a time: add, list, cancel"))
+    audit_cli.add_arguments(verb("audit", "who changed what on the nodes, merged, newest last"))
+    plan_cli.add_arguments(verb("plan", "plans of department ownership over time: check, show, apply"))
     return parser
 
 
@@ -384,7 +391,8 @@ def _print_reassign(result) -> None:
         for col in ("node", "GPU", "slice", "fraction", "result"):
             t.add_column(col, no_wrap=col != "result")
         for m, what in rows:
-            t.add_row(m.node, str(m.gpu_index), m.slice_id, fmt_fraction(m.fraction), what)
+            t.add_row(m.node, str(m.gpu_index), m.slice_id, fmt_fraction(m.fraction),
+                      f"{what} (from {m.owner})" if m.owner else what)
         con.print(t)
     if result.plan.shortfall:
         _err(f"nothing moved: {result.plan.shortfall}")
@@ -536,6 +544,9 @@ VERBS.update(NODE_VERBS)
 from gpuctl import report_cli  # noqa: E402 - `gpuctl report` lives in its own module
 
 VERBS["report"] = report_cli.run
+from gpuctl import audit_cli, plan_cli, schedule_cli  # noqa: E402 - verbs in their own modules
+
+VERBS.update({"schedule": schedule_cli.run, "audit": audit_cli.run, "plan": plan_cli.run})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

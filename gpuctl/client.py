@@ -48,6 +48,19 @@ class NodeError(Exception):
 TransportFactory = Callable[[NodeConfig], Any]
 
 
+def reported_user() -> str:
+    """``user@host`` of this gpuctl process, sent to every node in the ``Gpuctl-User`` header (the
+    node's audit log records it next to the SSH login user it sees itself)."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "?"
+    return f"{user}@{socket.gethostname()}".encode("ascii", "backslashreplace").decode("ascii")
+
+
 def default_transport_factory(**options: Any) -> TransportFactory:
     """A factory opening `gpuctl.transport.open_transport(node, **options)` for each node.
 
@@ -102,6 +115,7 @@ class NodeClient:
         with self._lock:
             try:
                 resp = self._http().request(method, path, json=json, params=params,
+                                            headers={"Gpuctl-User": reported_user()},
                                             timeout=self.node.timeout_s)
             except Exception as exc:  # noqa: BLE001 - every transport failure becomes a NodeError
                 if self._transport is not None and not hasattr(exc, "code"):
@@ -191,6 +205,25 @@ class NodeClient:
     def leases(self) -> list[dict[str, Any]]:
         """GET /v1/leases: the node's leases (Lease JSON plus worker_pid, worker_alive, gpu_index, usage)."""
         return list(self.request("GET", "/v1/leases")["leases"])
+
+    # -- schedule and audit (docs/ARCHITECTURE.md, "Schedule", "Audit log")
+
+    def schedule_add(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """POST /v1/schedule: install a scheduled move; ``{"entry", "replayed"}``."""
+        return self.request("POST", "/v1/schedule", json=entry)
+
+    def schedule(self) -> dict[str, Any]:
+        """GET /v1/schedule: ``{"now_s", "entries"}``."""
+        return self.request("GET", "/v1/schedule")
+
+    def schedule_cancel(self, entry_id: str) -> dict[str, Any] | None:
+        """DELETE /v1/schedule/{id}: ``{"entry"}``; None when this node has no such entry."""
+        return self.request("DELETE", f"/v1/schedule/{urllib.parse.quote(entry_id, safe='')}", ok_404=True)
+
+    def audit(self, since_s: float | None = None) -> dict[str, Any]:
+        """GET /v1/audit: ``{"node", "records", "truncated", "problems"}``."""
+        params = {"since_s": f"{since_s:.3f}"} if since_s is not None else None
+        return self.request("GET", "/v1/audit", params=params)
 
     def close(self) -> None:
         """Close the node's connection now, without waiting for a request in flight (which then

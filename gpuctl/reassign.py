@@ -24,6 +24,8 @@ _EPS = 1e-9
 MAX_REQUEST_ID_CHARS = 200
 
 LEASED_MODES = ("refuse", "drain", "revoke")
+#: ``--from any``: take idle slices of whichever departments matter least (see :func:`candidates`).
+ANY = "any"
 
 
 class ReassignError(Exception):
@@ -38,7 +40,9 @@ class ReassignRequest:
     of slices), gpus (GPU-equivalents, e.g. 1.5), slice_ids (explicit slices, from the console).
     node: only slices of this node. leased: "refuse" (default: leased slices are not candidates),
     "drain" (leased slices move when their lease ends) or "revoke" (end their leases, then move).
-    request_id: idempotency key (generated when None). dry_run: plan only.
+    request_id: idempotency key (generated when None). dry_run: plan only. src may be
+    :data:`ANY`: idle slices of the unassigned pool first, then of the lowest-priority departments
+    (priorities: department -> priority, lower = more important; filled in by :func:`prepare`).
     """
 
     src: str
@@ -50,13 +54,16 @@ class ReassignRequest:
     leased: str = "refuse"
     request_id: str | None = None
     dry_run: bool = False
+    priorities: dict[str, int] | None = None
 
     def validate(self, known_departments: list[str]) -> None:
         """Raise ReassignError naming the bad field."""
         known = set(known_departments) | {UNASSIGNED}
         for fld, name in (("--from", self.src), ("--to", self.dst)):
-            if name not in known:
+            if name not in known and not (fld == "--from" and name == ANY):
                 raise ReassignError(f"{fld}: unknown department {name!r} (known: {', '.join(sorted(known))})")
+        if self.src == ANY and self.slice_ids is not None:
+            raise ReassignError("--from any takes --count or --gpus, not --slice (a slice names its owner)")
         if self.src == self.dst:
             raise ReassignError(f"--from and --to are both {self.src!r}: nothing would move")
         given = [x is not None for x in (self.count, self.gpus, self.slice_ids)]
@@ -85,10 +92,15 @@ class Move:
     gpu_index: int
     fraction: float
     leased: bool = False
+    #: the department it moves from (set for --from any; else the request's --from)
+    owner: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "slice_id": self.slice_id, "gpu_index": self.gpu_index,
-                "fraction": self.fraction, "leased": self.leased}
+        d = {"node": self.node, "slice_id": self.slice_id, "gpu_index": self.gpu_index,
+             "fraction": self.fraction, "leased": self.leased}
+        if self.owner:
+            d["from"] = self.owner
+        return d
 
 
 @dataclass
@@ -194,7 +206,7 @@ def candidates(snapshot: FleetSnapshot, req: ReassignRequest) -> tuple[list[Move
         for gpu in node.gpus:
             why = _gpu_usable(gpu)
             # a slice waiting to drain may still be revoked (the admin chose to end the lease now)
-            owned = [s for s in gpu.slices if s.department == req.src
+            owned = [s for s in gpu.slices if _gives(req, s.department)
                      and (s.pending is None or (req.leased == "revoke" and s.leased))]
             if why:
                 if owned:
@@ -205,10 +217,31 @@ def candidates(snapshot: FleetSnapshot, req: ReassignRequest) -> tuple[list[Move
                     continue
                 per_node.setdefault(node.name, []).append((gpu, s))
     rank = {name: i for i, name in enumerate(sorted(per_node, key=lambda n: (-len(per_node[n]), n)))}
-    moves = [Move(node, s.id, g.identity.index, s.fraction, s.leased)
+    moves = [Move(node, s.id, g.identity.index, s.fraction, s.leased, s.department if req.src == ANY else "")
              for node, items in per_node.items() for g, s in items]
-    moves.sort(key=lambda m: (m.leased, -m.fraction, rank[m.node], m.gpu_index, m.slice_id))
+    order = _least_important_first(req)
+    moves.sort(key=lambda m: (m.leased, order(m.owner), -m.fraction, rank[m.node], m.gpu_index, m.slice_id))
     return moves, skipped
+
+
+def _gives(req: ReassignRequest, department: str) -> bool:
+    """True when a slice owned by `department` may be taken by `req`."""
+    if req.src == ANY:
+        return department != req.dst
+    return department == req.src
+
+
+def _least_important_first(req: ReassignRequest) -> Any:
+    """Sort key of an owner for --from any: unassigned first, then the largest priority number
+    (least important) first; unknown departments (not in the config) before known ones."""
+    prio = req.priorities or {}
+
+    def key(owner: str) -> tuple[int, int, str]:
+        if req.src != ANY or owner == UNASSIGNED:
+            return (0, 0, owner)
+        return (1, -prio.get(owner, 1 << 30), owner)
+
+    return key
 
 
 def plan(snapshot: FleetSnapshot, req: ReassignRequest, already: list[Move] | None = None,
@@ -225,7 +258,7 @@ def plan(snapshot: FleetSnapshot, req: ReassignRequest, already: list[Move] | No
     leased_note = ""
     if req.leased == "refuse":
         n_leased = sum(1 for n in snapshot.nodes for s in n.slices()
-                       if s.department == req.src and s.leased and (not req.node or n.name == req.node))
+                       if _gives(req, s.department) and s.leased and (not req.node or n.name == req.node))
         if n_leased:
             leased_note = f" ({n_leased} leased: use --drain or --revoke)"
     if req.slice_ids is not None:
@@ -313,16 +346,17 @@ def recorded_moves(fleet: FleetClient, snapshot: FleetSnapshot,
             raise ReassignError(f"--request-id {request_id}: node {name} recorded it for another kind of "
                                 f"request; use a new request id")
         for m in answer.get("moves") or []:
-            if (m.get("from"), m.get("to")) != (req.src, req.dst):
+            if m.get("to") != req.dst or (req.src != ANY and m.get("from") != req.src):
                 raise ReassignError(
                     f"--request-id {request_id}: already used on node {name} to move slices "
                     f"{m.get('from')} -> {m.get('to')}, not {req.src} -> {req.dst}; use a new request id")
         nodes.add(name)
         node = snapshot.node(name)
         index = {s.id: (g.identity.index, s.fraction) for g in (node.gpus if node else []) for s in g.slices}
+        origin = {m.get("slice_id"): m.get("from", "") for m in answer.get("moves") or []}
         for sid in list(answer.get("moved", [])) + list(answer.get("pending", [])):
             gi, frac = index.get(sid, (-1, 0.0))
-            moves.append(Move(name, sid, gi, frac))
+            moves.append(Move(name, sid, gi, frac, owner=origin.get(sid, "") if req.src == ANY else ""))
     return moves, nodes
 
 
@@ -332,6 +366,8 @@ def prepare(fleet: FleetClient, req: ReassignRequest, snapshot: FleetSnapshot | 
     Raises ReassignError for an invalid request (nothing is contacted then).
     """
     req.validate([d.name for d in fleet.departments])
+    if req.priorities is None:
+        req.priorities = {d.name: d.priority for d in fleet.departments}
     if req.request_id is None:
         req.request_id = new_request_id()
     snap = snapshot or fleet.snapshot([req.node] if req.node else None)
@@ -361,7 +397,7 @@ def execute(fleet: FleetClient, p: Plan) -> ReassignResult:
         moves = by_node[client.name]
         return client.assign(
             request_id=req.request_id or "", generation=generations.get(client.name, 0),
-            moves=[{"slice_id": m.slice_id, "from": req.src, "to": req.dst} for m in moves],
+            moves=[{"slice_id": m.slice_id, "from": m.owner or req.src, "to": req.dst} for m in moves],
             leased=req.leased)
 
     res = fleet.fan_out(send, list(by_node))

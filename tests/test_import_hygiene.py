@@ -23,6 +23,15 @@ HEADLESS = [
     "gpuctl.cli",
     "gpuctl.demo",
     "gpuctl.fleet_source",
+    "gpuctl.daemon.audit",
+    "gpuctl.daemon.schedule",
+    "gpuctl.daemon.records",
+    "gpuctl.timeparse",
+    "gpuctl.plan",
+    "gpuctl.plan_apply",
+    "gpuctl.plan_cli",
+    "gpuctl.schedule_cli",
+    "gpuctl.audit_cli",
 ]
 
 

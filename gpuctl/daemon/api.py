@@ -75,7 +75,8 @@ class Peer:
 @dataclass
 class ApiRequest:
     """One request as the API sees it: method ("GET"), path ("/v1/status"), query (parsed
-    ``parse_qs``), body (raw bytes), peer; ``note``: extra words for the request's log line."""
+    ``parse_qs``), body (raw bytes), peer; ``note``: extra words for the request's log line;
+    headers: lower-cased name -> value (the audit log reads ``gpuctl-user``)."""
 
     method: str
     path: str
@@ -83,6 +84,7 @@ class ApiRequest:
     body: bytes = b""
     peer: Peer = field(default_factory=Peer)
     note: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
 
     def json_object(self) -> dict[str, Any]:
         """The body parsed as a JSON object. ApiError 400 ``bad_json`` naming line and column."""

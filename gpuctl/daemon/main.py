@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -118,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     from gpuctl.daemon import observability
 
     observability.add_arguments(p)  # --history, --no-usage, --metrics-listen, --metrics-node
+    p.add_argument("--clock-offset-file", metavar="FILE", default=None,
+                   help="tests: seconds added to the clock of schedules and audit records, read from FILE")
     return p
 
 
@@ -233,6 +236,15 @@ def serve_main(args: argparse.Namespace) -> int:
 
         try:
             manager = NodeStateManager(store, state)
+            from gpuctl.daemon.records import RecordsError, open_records
+
+            try:
+                records = open_records(state_dir, manager, hostname=socket.gethostname(), say=_say,
+                                       clock_offset_file=args.clock_offset_file, reset_state=args.reset_state)
+            except RecordsError as e:
+                _say(str(e))
+                backend.close()
+                return e.exit_code
             added = manager.reconcile(gpus)
         except StateWriteError as e:
             _say(str(e))
@@ -281,6 +293,7 @@ def serve_main(args: argparse.Namespace) -> int:
             return ExitCode.FAILURE
         for note in extras.notes:
             _say(note)
+        records.install(api, on_revoke=leases.sync)
         try:
             server = serve(api, socket_path, group=args.socket_group)
         except SocketInUseError as e:
@@ -307,6 +320,7 @@ def serve_main(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, on_signal)
         serve_in_thread(server)
         leases.start()
+        records.start()
         print(f"gpuctld ready: socket={socket_path} backend={backend.name} gpus={len(gpus)} "
               f"executor={dp['executor']} datapath={dp['bind']}", file=sys.stderr, flush=True)
         while not stop.wait(0.2):
@@ -316,6 +330,7 @@ def serve_main(args: argparse.Namespace) -> int:
         server.shutdown()
         server.close()
         ended = leases.close()
+        records.close()
         if ended:
             _say(f"ended {len(ended)} lease(s) and stopped their workers: {', '.join(ended)}")
         extras.stop()

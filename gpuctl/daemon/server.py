@@ -471,7 +471,8 @@ class ApiServer:
         target = event.target.decode("ascii", "backslashreplace")
         parsed = urllib.parse.urlsplit(target)
         request = ApiRequest(method=event.method.decode("ascii", "backslashreplace"), path=parsed.path,
-                             query=urllib.parse.parse_qs(parsed.query), body=b"".join(chunks), peer=conn.peer)
+                             query=urllib.parse.parse_qs(parsed.query), body=b"".join(chunks), peer=conn.peer,
+                             headers={k.decode("latin-1"): v.decode("latin-1") for k, v in headers.items()})
         chunks.clear()
         pid = conn.peer.pid
         slots, users = self._handler_slots.get(pid) or (asyncio.Semaphore(self.handlers_per_pid), 0)

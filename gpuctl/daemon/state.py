@@ -31,7 +31,6 @@ import fcntl
 import hashlib
 import json
 import os
-import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -39,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from gpuctl.daemon.durable import write_atomically
 from gpuctl.model import ALLOWED_PARTS, UNASSIGNED, GpuIdentity, Lease, Slice, slice_id
 
 STATE_FILE_NAME = "state.json"
@@ -355,28 +355,10 @@ class StateStore:
 
         Raises OSError when the disk refuses; the previous file is then untouched.
         """
-        self.directory.mkdir(parents=True, exist_ok=True)
         body = state.body()
         data = {"format": STATE_FORMAT, "checksum": checksum(body), "body": body}
         payload = (json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode()
-        fd, tmp = tempfile.mkstemp(prefix=f".{STATE_FILE_NAME}.", suffix=".tmp", dir=self.directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomically(self.path, payload)
 
     def move_aside(self) -> Path:
         """Rename the state file to ``state.json.corrupt-<YYYYmmddTHHMMSS>``; returns the new path."""
@@ -441,6 +423,9 @@ class NodeStateManager:
         self.retired_slices: list[str] = []
         #: Called with the new NodeState after every committed change (must not raise; usage accounting).
         self.listeners: list[Callable[[NodeState], None]] = []
+        #: Called as ``on_commit(old, new)`` after each change is on disk, before it is swapped in
+        #: and before the operation returns (the audit log, gpuctl.daemon.audit, hooks in here).
+        self.on_commit: Any = None
 
     # -- reading
 
@@ -471,6 +456,8 @@ class NodeStateManager:
             raise StateWriteError(
                 f"could not write the state file {self.store.path}: {e.strerror or e}; nothing was changed"
             ) from e
+        if self.on_commit is not None:
+            self.on_commit(self._state, new)
         self._state = new
         for listener in self.listeners:
             listener(new)

@@ -5,4 +5,7 @@ fleet.FleetScreen (`:nodes`, the default), node_detail.NodeDetailScreen (`:node 
 leases.LeasesScreen (`:leases`), help.HelpScreen (`?`), too_small.TooSmallScreen.
 board.BoardScreen (`:depts`, department board with drag and drop) is optional: when
 gpuctl/screens/board.py exists and defines BoardScreen, the app installs it under the name "board".
+schedule.ScheduleScreen (`:schedule`: scheduled moves, add form, cancel) and audit.AuditScreen
+(`:audit`: audit records with a filter) take their source (gpuctl.schedule_service.FleetSchedule)
+in the constructor.
 """

@@ -1,0 +1,410 @@
+"""The node's audit log: who changed what, when, with which request id, and the outcome.
+
+File ``<state dir>/audit.log``: JSON lines (one record per line, UTF-8), appended with O_APPEND and
+fsync'ed before the API answers; when it passes ``max_bytes`` it is rotated to ``audit.log.1``
+(``.1`` -> ``.2`` ..., at most ``keep`` old files), so the log stays size-bounded.
+
+Records (every one has ``time_s`` (Unix s, from the daemon's clock), ``node``, ``event``, ``op``):
+
+- ``request`` (``phase: "begin"``): a change request arrived (any POST/DELETE of the control API),
+  written BEFORE the request runs: method, path, request_id, who. If it cannot be written the
+  request is refused (503 ``audit_unavailable``) and nothing changes.
+- ``change``: what a state change did, written from the state manager's commit hook after the
+  state file is on disk and before the operation returns: ``moved`` ([{slice_id, from, to}]),
+  ``split`` ({gpu_uuid, slices}), ``leases_added`` / ``leases_ended`` ([{id, department, owner,
+  slice_ids}]), ``generation``; with who / request_id / action of the request or internal job
+  that made it.
+- ``request`` (``phase: "end"``): the answer: status, ``outcome`` ("ok" | "refused" | "error"),
+  error code and message.
+- ``incomplete``: found at start-up: a ``begin`` with no ``end`` (the daemon was killed in
+  between). It quotes the request id and, when the state recorded an answer for it, that answer:
+  so a move is never without its audit record, or the audit says it is incomplete.
+
+who: ``{"ssh_user", "peer_uid", "peer_pid", "ssh_client", "reported"}``: the account of the peer
+process (the SSH login user, since ``gpuctld bridge`` runs as that user), its uid and pid
+(SO_PEERCRED), the SSH client address from the bridge's environment (SSH_CONNECTION, when
+readable), and the ``user@host`` gpuctl reports in the ``Gpuctl-User`` header. Internal jobs
+(schedule, lease monitor) have ``{"internal": "<job>"}``.
+
+A line that is not a JSON object (corrupt, or cut by a crash) is reported by
+:func:`read_records` with its file and line number, never dropped silently; the writer starts a
+new line after a cut one, and the daemon keeps running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pwd
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from gpuctl.daemon.durable import fsync_directory
+
+log = logging.getLogger("gpuctld.audit")
+
+AUDIT_FILE_NAME = "audit.log"
+#: Size (bytes) past which audit.log is rotated.
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+#: Rotated files kept (audit.log.1 .. audit.log.N).
+DEFAULT_KEEP = 5
+#: Header in which gpuctl reports the admin's user@host.
+REPORTED_USER_HEADER = "gpuctl-user"
+#: Most records one GET /v1/audit returns (the newest ones).
+MAX_RECORDS_PER_ANSWER = 20000
+
+
+class AuditWriteError(Exception):
+    """The audit log could not be written (disk full, permissions); the message names the file."""
+
+
+@dataclass
+class AuditContext:
+    """Who is changing the state on this thread, under which request id and action."""
+
+    who: dict[str, Any]
+    request_id: str | None = None
+    action: str | None = None
+    op: str | None = None
+
+
+@dataclass
+class Problem:
+    """A line of an audit file that is not a record: file, 1-based line number, error, the text."""
+
+    file: str
+    line: int
+    error: str
+    text: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "error": self.error, "text": self.text}
+
+
+@dataclass
+class ReadResult:
+    """Records (oldest first) and the problems met while reading them."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+
+def audit_files(directory: Path) -> list[Path]:
+    """The audit files of a state directory, oldest first (audit.log.N ... audit.log.1, audit.log)."""
+    directory = Path(directory)
+    rotated = []
+    for p in directory.glob(AUDIT_FILE_NAME + ".*"):
+        suffix = p.name[len(AUDIT_FILE_NAME) + 1:]
+        if suffix.isdigit():
+            rotated.append((int(suffix), p))
+    files = [p for _, p in sorted(rotated, reverse=True)]
+    current = directory / AUDIT_FILE_NAME
+    if current.exists():
+        files.append(current)
+    return files
+
+
+def parse_lines(data: bytes, file: str) -> ReadResult:
+    """Parse the bytes of one audit file. Blank lines are skipped; every other line that is not a
+    JSON object is a Problem (the last line without its newline: "truncated")."""
+    out = ReadResult()
+    lines = data.split(b"\n")
+    ends_clean = data.endswith(b"\n") or not data
+    for i, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        last = i == len(lines)
+        try:
+            rec = json.loads(raw.decode("utf-8"))
+            if not isinstance(rec, dict):
+                raise ValueError(f"a JSON {type(rec).__name__}, not an object")
+        except (UnicodeDecodeError, ValueError) as e:
+            why = "truncated (no newline at the end of the file)" if last and not ends_clean else str(e)
+            out.problems.append(Problem(file, i, why, raw[:200].decode("utf-8", "replace")))
+            continue
+        out.records.append(rec)
+    return out
+
+
+def read_records(directory: Path, since_s: float | None = None) -> ReadResult:
+    """All records of a state directory's audit files (oldest first), those with ``time_s >=
+    since_s`` when given, and every problem line of the files read."""
+    out = ReadResult()
+    for path in audit_files(directory):
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            out.problems.append(Problem(str(path), 0, f"cannot be read: {e.strerror or e}", ""))
+            continue
+        part = parse_lines(data, str(path))
+        out.problems.extend(part.problems)
+        for rec in part.records:
+            t = rec.get("time_s")
+            if since_s is not None and isinstance(t, (int, float)) and t < since_s:
+                continue
+            out.records.append(rec)
+    return out
+
+
+def who_of_peer(uid: int | None, pid: int | None, reported: str | None) -> dict[str, Any]:
+    """The ``who`` of a request: the peer's account name (the SSH login user behind the bridge),
+    uid, pid, the SSH client address from the peer's environment (None when not readable or not
+    over SSH), and the user@host gpuctl reported (None when not sent)."""
+    user = None
+    if uid is not None:
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            user = f"uid {uid}"
+    ssh_client = None
+    if pid is not None:
+        env = _environ_of(pid)
+        conn = env.get("SSH_CONNECTION")
+        if conn:
+            parts = conn.split()
+            ssh_client = f"{parts[0]} port {parts[1]}" if len(parts) >= 2 else conn[:80]
+    return {"ssh_user": user, "peer_uid": uid, "peer_pid": pid, "ssh_client": ssh_client,
+            "reported": reported}
+
+
+def _environ_of(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    env = {}
+    for item in raw.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep and k in (b"SSH_CONNECTION", b"USER"):
+            env[k.decode(errors="replace")] = v.decode(errors="replace")
+    return env
+
+
+class AuditLog:
+    """The audit log of one node (thread-safe).
+
+    directory: the state directory. node: the node's hostname (in every record). clock: Unix time
+    (s). max_bytes / keep: rotation. Raises nothing at construction; :meth:`open` raises
+    AuditWriteError naming the file when it cannot be opened for appending.
+    """
+
+    def __init__(self, directory: str | os.PathLike, node: str, *, clock: Callable[[], float] = time.time,
+                 max_bytes: int = DEFAULT_MAX_BYTES, keep: int = DEFAULT_KEEP):
+        self.directory = Path(directory)
+        self.path = self.directory / AUDIT_FILE_NAME
+        self.node = node
+        self.clock = clock
+        self.max_bytes = max_bytes
+        self.keep = keep
+        self._lock = threading.RLock()
+        self._fd: int | None = None
+        self._local = threading.local()
+        self._boot = f"{int(time.time())}-{os.getpid()}"
+        self._n = 0
+
+    # -- writing
+
+    def open(self) -> None:
+        """Open audit.log for appending; a last line cut by a crash gets its newline first (it is
+        then reported as truncated by the reader, and the next record starts on its own line)."""
+        with self._lock:
+            if self._fd is not None:
+                return
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o640)
+                if not _ends_with_newline(fd):
+                    os.write(fd, b"\n")
+                    log.warning("audit log %s ended in a cut line (a crash while writing); "
+                                "it is kept and reported by `gpuctl audit`", self.path)
+            except OSError as e:
+                raise AuditWriteError(f"cannot open the audit log {self.path}: {e.strerror or e}") from e
+            self._fd = fd
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def next_op(self) -> str:
+        """A new operation id, unique on this node: ``<boot>-<n>``."""
+        with self._lock:
+            self._n += 1
+            return f"{self._boot}-{self._n}"
+
+    def append(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Write one record (``time_s`` and ``node`` added) and fsync it; returns the record.
+        Raises AuditWriteError naming the file (the caller decides whether to refuse)."""
+        rec = {"time_s": round(self.clock(), 6), "node": self.node, **record}
+        line = (json.dumps(rec, ensure_ascii=False, sort_keys=True, default=str) + "\n").encode("utf-8", "backslashreplace")
+        with self._lock:
+            try:
+                if self._fd is None:
+                    self.open()
+                assert self._fd is not None
+                if not _ends_with_newline(self._fd):  # another writer left a cut line: start a new one
+                    line = b"\n" + line
+                os.write(self._fd, line)
+                os.fsync(self._fd)
+                if os.fstat(self._fd).st_size >= self.max_bytes:
+                    self._rotate()
+            except OSError as e:
+                raise AuditWriteError(f"cannot write the audit log {self.path}: {e.strerror or e}") from e
+        return rec
+
+    def _rotate(self) -> None:
+        assert self._fd is not None
+        os.close(self._fd)
+        self._fd = None
+        oldest = self.path.with_name(f"{AUDIT_FILE_NAME}.{self.keep}")
+        oldest.unlink(missing_ok=True)
+        for k in range(self.keep - 1, 0, -1):
+            src = self.path.with_name(f"{AUDIT_FILE_NAME}.{k}")
+            if src.exists():
+                os.replace(src, self.path.with_name(f"{AUDIT_FILE_NAME}.{k + 1}"))
+        if self.keep > 0:
+            os.replace(self.path, self.path.with_name(f"{AUDIT_FILE_NAME}.1"))
+        else:
+            self.path.unlink()
+        fsync_directory(self.directory)
+        self.open()
+
+    # -- context of the change being made on this thread
+
+    @contextlib.contextmanager
+    def context(self, who: dict[str, Any], request_id: str | None = None, action: str | None = None,
+                op: str | None = None) -> Iterator[AuditContext]:
+        """Within the block, state changes on this thread are recorded with `who`, `request_id`
+        and `action` (nested blocks restore the outer context)."""
+        prev = getattr(self._local, "ctx", None)
+        ctx = AuditContext(who=who, request_id=request_id, action=action, op=op)
+        self._local.ctx = ctx
+        try:
+            yield ctx
+        finally:
+            self._local.ctx = prev
+
+    def current(self) -> AuditContext | None:
+        """The context of this thread, or None."""
+        return getattr(self._local, "ctx", None)
+
+    # -- the state manager's commit hook
+
+    def on_commit(self, old: Any, new: Any) -> None:
+        """NodeStateManager.on_commit: append a ``change`` record describing old -> new.
+
+        Never raises (the state is already on disk): a failed write is logged; the ``begin``
+        record of the request then stands without its change and the reader shows it.
+        """
+        try:
+            rec = describe_change(old, new)
+            if rec is None:
+                return
+            ctx = self.current()
+            if ctx is None:
+                thread = threading.current_thread().name
+                job = "lease monitor" if thread == "gpuctld-leases" else "gpuctld"
+                rec.update(who={"internal": job}, request_id=None, action=None, op=None)
+            else:
+                rec.update(who=ctx.who, request_id=ctx.request_id, action=ctx.action, op=ctx.op)
+            self.append(rec)
+        except Exception as e:  # noqa: BLE001 - the change is made; the audit failure is logged
+            log.error("audit: could not record a change of generation %s: %s",
+                      getattr(new, "generation", "?"), e)
+
+    # -- start-up
+
+    def recover(self, recorded: Callable[[str], dict[str, Any] | None], generation: int) -> list[dict[str, Any]]:
+        """Append an ``incomplete`` record for each ``begin`` of audit.log with no ``end`` (the
+        daemon stopped in between); `recorded(request_id)` gives the state's answer for that
+        request id, if any. Returns the records written."""
+        try:
+            data = self.path.read_bytes()
+        except OSError:
+            return []
+        part = parse_lines(data, str(self.path))
+        begun: dict[str, dict[str, Any]] = {}
+        changes: dict[str, list[dict[str, Any]]] = {}
+        for rec in part.records:
+            op = rec.get("op")
+            if not isinstance(op, str):
+                continue
+            if rec.get("event") == "request" and rec.get("phase") == "begin":
+                begun[op] = rec
+            elif rec.get("event") in ("request", "incomplete") and rec.get("phase") in ("end", None):
+                begun.pop(op, None)
+            elif rec.get("event") == "change":
+                changes.setdefault(op, []).append(rec)
+        written = []
+        for op, rec in begun.items():
+            rid = rec.get("request_id")
+            answer = recorded(rid) if isinstance(rid, str) else None
+            note = ("gpuctld stopped before the outcome of this request was recorded; "
+                    f"the state at restart is generation {generation}")
+            out = {"event": "incomplete", "op": op, "request_id": rid, "who": rec.get("who"),
+                   "action": rec.get("action"), "outcome": "incomplete", "note": note,
+                   "change_recorded": bool(changes.get(op)), "state_answer": answer}
+            written.append(self.append(out))
+        return written
+
+
+def _ends_with_newline(fd: int) -> bool:
+    """True when the file is empty or its last byte is a newline."""
+    size = os.fstat(fd).st_size
+    return size == 0 or os.pread(fd, 1, size - 1) == b"\n"
+
+
+def _slice_owner_map(state: Any) -> dict[str, tuple[str, str]]:
+    return {sid: (s.department, s.gpu_uuid) for sid, s in state.slices.items()}
+
+
+def describe_change(old: Any, new: Any) -> dict[str, Any] | None:
+    """A ``change`` record body for NodeState `old` -> `new` (None when nothing a record names
+    changed): owners moved, GPUs re-split, leases added or ended, moves left pending."""
+    before, after = _slice_owner_map(old), _slice_owner_map(new)
+    moved = [{"slice_id": sid, "from": before[sid][0], "to": after[sid][0]}
+             for sid in sorted(after) if sid in before and before[sid][0] != after[sid][0]]
+    def layout(state: Any) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for sid, s in state.slices.items():
+            out.setdefault(s.gpu_uuid, {})[sid] = s.fraction
+        return out
+
+    old_gpus, new_gpus = layout(old), layout(new)
+    split = [{"gpu_uuid": gpu, "slices_before": sorted(old_gpus[gpu]), "slices_after": sorted(new_gpus[gpu]),
+              "parts": len(new_gpus[gpu])}
+             for gpu in sorted(new_gpus) if gpu in old_gpus and old_gpus[gpu] != new_gpus[gpu]]
+    created = sorted(sid for gpu in new_gpus if gpu not in old_gpus for sid in new_gpus[gpu])
+    pending = [{"slice_id": sid, "from": s.department, "to": s.pending.get("to")}
+               for sid, s in sorted(new.slices.items())
+               if s.pending and not (old.slices.get(sid) and old.slices[sid].pending == s.pending)]
+
+    def lease_json(lease: Any) -> dict[str, Any]:
+        return {"id": lease.id, "department": lease.department, "owner": lease.owner,
+                "slice_ids": list(lease.slice_ids)}
+
+    added = [lease_json(lease) for lid, lease in new.leases.items() if lid not in old.leases]
+    ended = [lease_json(lease) for lid, lease in old.leases.items() if lid not in new.leases]
+    if not (moved or split or created or pending or added or ended):
+        return None
+    rec: dict[str, Any] = {"event": "change", "generation": new.generation, "outcome": "ok"}
+    if moved:
+        rec["moved"] = moved
+    if pending:
+        rec["pending"] = pending
+    if split:
+        rec["split"] = split
+    if created:
+        rec["slices_created"] = [{"slice_id": sid, "to": after[sid][0]} for sid in created]
+    if added:
+        rec["leases_added"] = added
+    if ended:
+        rec["leases_ended"] = ended
+    return rec
