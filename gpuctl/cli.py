@@ -295,9 +295,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         _print_status(snap, cfg)
     down = [n for n in snap.nodes if not n.reachable]
-    if args.json:  # the table already shows it; with --json, say it where a human reads
-        for n in down:
-            _err(f"unreachable: {n.error}")
+    for n in down:  # on stderr in every mode (the table shows it too)
+        _err(f"unreachable: {n.error}")
     return ExitCode.UNREACHABLE if down else ExitCode.OK
 
 
