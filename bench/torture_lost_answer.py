@@ -16,8 +16,9 @@ daemon frozen (SIGSTOP) mid-request and continued after the client gave up. Then
 same request id until it is settled (exit 0), and in half of the rounds first re-runs once while
 n3 is down (which must refuse with UNREACHABLE and move nothing).
 
-Counts printed: rounds; lost (rounds whose first run had an unknown outcome); refused_while_down
-(re-runs refused with exit 7 while n3 could not be asked; every such re-run must be refused);
+Counts printed: rounds; fault_<kind> (rounds per fault drawn); lost (rounds whose first run had an
+unknown outcome); reruns_while_down and refused_while_down (re-runs while n3 was down, and those
+refused with exit 7 and nothing moved: the two must be equal);
 moved_while_down (re-runs that moved something while n3 was down: must be 0); doubled (rounds
 that ended with more than 2 slices moved); short (fewer than 2 after settling); late_refused
 (frozen requests the thawed daemon refused, seen in its late answer); reruns; seconds.
@@ -114,14 +115,16 @@ def lost_answer_loop(duration_s: float = 60.0, *, seed: int = 0, work_dir: Path 
     cfg_path = base / "fleet.toml"
     cfg_path.write_text(CONFIG.format(n1=sockets["n1"], n2=sockets["n2"], n3=proxy.socket_path,
                                       t_n1=5, t_n2=5, t_n3=N3_TIMEOUT_S))
-    counts = {"rounds": 0, "lost": 0, "refused_while_down": 0, "moved_while_down": 0, "doubled": 0,
-              "short": 0, "late_refused": 0, "reruns": 0}
+    counts = {"rounds": 0, "lost": 0, "reruns_while_down": 0, "refused_while_down": 0, "moved_while_down": 0,
+              "doubled": 0, "short": 0, "late_refused": 0, "reruns": 0,
+              **{f"fault_{f}": 0 for f in FAULT_CHOICES}}
     t0 = time.monotonic()
     try:
         while time.monotonic() - t0 < duration_s:
             n = counts["rounds"]
             _reset(sockets, n)
             fault = rng.choice(FAULT_CHOICES)
+            counts[f"fault_{fault}"] += 1
             if fault != "none":
                 proxy.arm(fault, delay_s=N3_TIMEOUT_S + 2.0)
             late_before = len(proxy.late_answers)
@@ -140,6 +143,7 @@ def lost_answer_loop(duration_s: float = 60.0, *, seed: int = 0, work_dir: Path 
                 proxy.down()
                 down = _run(cfg_path, rid)
                 counts["reruns"] += 1
+                counts["reruns_while_down"] += 1
                 if down.exit_code == ExitCode.UNREACHABLE and not down.moved:
                     counts["refused_while_down"] += 1
                 if down.moved or down.pending:
