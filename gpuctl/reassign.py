@@ -374,6 +374,11 @@ def prepare(fleet: FleetClient, req: ReassignRequest, snapshot: FleetSnapshot | 
                        f"elsewhere now could move more than asked: run it again when "
                        f"{'it answers' if len(unasked) == 1 else 'they answer'}")
         p.shortfall_code = ExitCode.UNREACHABLE
+    down = sorted(n.name for n in snap.nodes if not n.reachable)
+    if p.shortfall and p.shortfall_code == ExitCode.NOTHING_TO_DO and down:
+        # too few where we could look: a node we could not reach may hold what is missing
+        p.shortfall += f"; not counted: the slices of unreachable node(s) {', '.join(down)}"
+        p.shortfall_code = ExitCode.UNREACHABLE
     return p
 
 

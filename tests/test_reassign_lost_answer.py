@@ -202,3 +202,15 @@ def test_daemon_refuses_a_request_past_its_deadline(fleet):
         assert c.get("/v1/slices").json()["generation"] == st["generation"]
         ok = c.post("/v1/assign", json={**body, "deadline_unix_s": time.time() + 30})
         assert ok.status_code == 200 and ok.json()["moved"] == [sid]
+
+
+def test_too_few_while_a_node_is_down_is_unreachable_not_nothing_to_do(fleet):
+    """Research has 2 slices on n1+n2 and 2 on n3; with n3 down, --count 3 cannot be planned: exit 7
+    naming n3 (its slices were not counted), not 4 "only 2 idle slices"; nothing moved."""
+    cfg, d, proxy = fleet
+    proxy.down()
+    r = run_cli("--config", str(cfg), "reassign", "--from", "research", "--to", "training", "--count", "3", "--yes")
+    assert r.code == 7, r.stderr
+    assert ("nothing moved: only 2 idle slice(s) of research can move, 3 asked; not counted: the slices of "
+            "unreachable node(s) n3") in r.stderr
+    assert moved_total(d) == 0
