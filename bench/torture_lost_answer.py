@@ -20,8 +20,10 @@ Counts printed: rounds; fault_<kind> (rounds per fault drawn); lost (rounds whos
 unknown outcome); reruns_while_down and refused_while_down (re-runs while n3 was down, and those
 refused with exit 7 and nothing moved: the two must be equal);
 moved_while_down (re-runs that moved something while n3 was down: must be 0); doubled (rounds
-that ended with more than 2 slices moved); short (fewer than 2 after settling); late_refused
-(frozen requests the thawed daemon refused, seen in its late answer); reruns; seconds.
+that ended with more than 2 slices moved); short (fewer than 2 after settling); late_refused and
+late_applied (the thawed daemon's answer to the frozen request: 409 deadline_passed, or 200, which
+must be 0 since the proxy forwards the request only once every thread of the daemon is stopped);
+reruns; seconds.
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ def lost_answer_loop(duration_s: float = 60.0, *, seed: int = 0, work_dir: Path 
     cfg_path.write_text(CONFIG.format(n1=sockets["n1"], n2=sockets["n2"], n3=proxy.socket_path,
                                       t_n1=5, t_n2=5, t_n3=N3_TIMEOUT_S))
     counts = {"rounds": 0, "lost": 0, "reruns_while_down": 0, "refused_while_down": 0, "moved_while_down": 0,
-              "doubled": 0, "short": 0, "late_refused": 0, "reruns": 0,
+              "doubled": 0, "short": 0, "late_refused": 0, "late_applied": 0, "reruns": 0,
               **{f"fault_{f}": 0 for f in FAULT_CHOICES}}
     t0 = time.monotonic()
     try:
@@ -137,8 +139,14 @@ def lost_answer_loop(duration_s: float = 60.0, *, seed: int = 0, work_dir: Path 
                 wait_until = time.monotonic() + 5
                 while len(proxy.late_answers) == late_before and time.monotonic() < wait_until:
                     time.sleep(0.05)
-                if any(b"deadline_passed" in a for a in proxy.late_answers[late_before:]):
+                time.sleep(0.05)  # the rest of the answer, if it came in two reads
+                late = b"".join(proxy.late_answers[late_before:])
+                if log:
+                    log(f"late answer: {late[:60]!r}")
+                if b"deadline_passed" in late:
                     counts["late_refused"] += 1
+                elif late.startswith(b"HTTP/1.1 200"):
+                    counts["late_applied"] += 1
             if rng.random() < 0.5:
                 proxy.down()
                 down = _run(cfg_path, rid)

@@ -164,6 +164,7 @@ class LossyProxy:
                     if fault == "freeze" and self.daemon_pid and not self._frozen:
                         os.kill(self.daemon_pid, signal.SIGSTOP)
                         self._frozen = True
+                        _wait_stopped(self.daemon_pid)  # the request must arrive at a stopped daemon
                     upstream.sendall(data)
                 if upstream in ready:
                     data = upstream.recv(65536)
@@ -197,6 +198,22 @@ class LossyProxy:
             return
         if data:
             self.late_answers.append(data)
+
+
+def _wait_stopped(pid: int, timeout_s: float = 5.0) -> None:
+    """Wait until every thread of `pid` is stopped (state T in /proc/PID/task/*/stat)."""
+    until = time.monotonic() + timeout_s
+    while time.monotonic() < until:
+        states = []
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except OSError:
+            return
+        if states and all(st in ("T", "t") for st in states):
+            return
+        time.sleep(0.001)
 
 
 def _close(s: socket.socket) -> None:
