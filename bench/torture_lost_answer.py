@@ -168,6 +168,10 @@ def lost_answer_loop(duration_s: float = 60.0, *, seed: int = 0, work_dir: Path 
                 counts["doubled"] += 1
             elif moved < 2:
                 counts["short"] += 1
+            if fault == "delay_answer":  # let its held answer come out now, not in a later round's window
+                wait_until = time.monotonic() + N3_TIMEOUT_S + 4.0
+                while len(proxy.late_answers) == late_before and time.monotonic() < wait_until:
+                    time.sleep(0.05)
             counts["rounds"] += 1
             if log:
                 log(f"round {n}: fault {fault}, first exit {int(first.exit_code)}, training {moved}")
