@@ -466,7 +466,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     if args.config_verb == "path":
         path, origin = config_path(args)
         if args.json:
-            _emit_json({"path": str(path), "from": origin, "exists": path.exists()})
+            _emit_json({"path": str(path), "from": origin, "exists": os.path.exists(path)})
         else:
             print(path)
         return ExitCode.OK

@@ -6,6 +6,7 @@ Each case runs the real CLI (`config check` and `status`) in a subprocess with a
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -135,8 +136,14 @@ def test_permission_denied_names_the_cause_and_exits_3(tmp_path, what):
             p = subprocess.run([*_as_unprivileged(), sys.executable, "-m", "gpuctl.cli", "--config", str(cfg), *verb],
                                capture_output=True, text=True, env=env, timeout=30, stdin=subprocess.DEVNULL)
             assert p.returncode == 3, (p.returncode, p.stderr)
+            assert "Traceback" not in p.stderr and "internal error" not in p.stderr
             assert p.stderr == f"gpuctl: {cfg}: {reason} (no x permission)\n" if what == "untraversable-dir" \
                 else p.stderr == f"gpuctl: {cfg}: {reason}\n", p.stderr
+        p = subprocess.run([*_as_unprivileged(), sys.executable, "-m", "gpuctl.cli", "--config", str(cfg), "config",
+                            "path", "--json"], capture_output=True, text=True, env=env, timeout=30,
+                           stdin=subprocess.DEVNULL)
+        assert p.returncode == 0, p.stderr  # says where it looks; never a PermissionError traceback
+        assert json.loads(p.stdout)["path"] == str(cfg)
     finally:
         locked.chmod(0o700)
         cfg.chmod(0o600)
