@@ -242,15 +242,13 @@ def admins_loop(base: Path, duration_s: float) -> dict[str, Any]:
 
 
 def lost_answer_loop(base: Path, duration_s: float) -> dict[str, Any] | str:
-    """bench/torture_lost_answer.py's run(duration_s), or the reason it was skipped."""
+    """bench/torture_lost_answer.py's lost_answer_loop(duration_s), or the reason it was skipped."""
     if not (Path(__file__).resolve().parent / "torture_lost_answer.py").exists():
         return "skipped: bench/torture_lost_answer.py does not exist yet (issue 7 item 1)"
     import torture_lost_answer  # noqa: PLC0415 - optional part, written separately
 
-    run = getattr(torture_lost_answer, "run", None)
-    if run is None:
-        return "skipped: bench/torture_lost_answer.py has no run(duration_s) function"
-    return run(duration_s=duration_s)
+    (base / "lost-answer").mkdir(parents=True, exist_ok=True)
+    return torture_lost_answer.lost_answer_loop(duration_s=duration_s, work_dir=base / "lost-answer")
 
 
 # ------------------------------------------------------------------------------ 4. abuse probe
@@ -326,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     result["elapsed_s"] = round(time.monotonic() - t0, 1)
     k, a, ab = result["kill9_reassign"], result["conflicting_admins"], result["connection_abuse"]
     lost_answer = result["lost_answer"]
-    la_bad = isinstance(lost_answer, dict) and any(lost_answer.get(x) for x in ("lost", "doubled"))
+    la_bad = isinstance(lost_answer, dict) and any(lost_answer.get(x) for x in ("doubled", "moved_while_down", "short"))
     ok = (k["lost"] == 0 and k["doubled"] == 0 and a["merged"] == 0 and a["generation_consistent"] and not la_bad
           and ab["answered_within_1s"] == ab["probes"] and ab["final_rss_bytes"] <= 1.2 * ab["baseline_rss_bytes"])
     print(f"summary: reassignments {k['reassignments']}, kills {k['kills']}, lost {k['lost']}, doubled "

@@ -101,7 +101,9 @@ class BootstrapOptions:
     that creates it (a command name or path). backend: gpuctld --backend in the unit (BACKENDS).
     systemd: write the unit, start the service and check its health. system_site_packages: the
     venv sees the node's system packages. no_index: pip never reaches a package index (the
-    dependencies must already be there, e.g. with system_site_packages). sudo: run the installing
+    dependencies must already be there, e.g. with system_site_packages or find_links). find_links:
+    a directory of wheels on the node that pip also looks in (pip --find-links; with no_index, an
+    offline install from that wheelhouse). sudo: run the installing
     commands through ``sudo -n`` (non-root SSH account with passwordless sudo).
     health_timeout_s, command_timeout_s: seconds.
     """
@@ -112,6 +114,7 @@ class BootstrapOptions:
     systemd: bool = True
     system_site_packages: bool = False
     no_index: bool = False
+    find_links: str | None = None
     sudo: bool = False
     health_timeout_s: float = HEALTH_TIMEOUT_S
     command_timeout_s: float = COMMAND_TIMEOUT_S
@@ -133,6 +136,8 @@ class BootstrapOptions:
             raise _usage("--python: must name the node's Python (e.g. python3 or /usr/bin/python3.11)")
         if self.backend not in BACKENDS:
             raise _usage(f"--backend {self.backend!r}: one of {', '.join(BACKENDS)}")
+        if self.find_links is not None and not self.find_links.startswith("/"):
+            raise _usage(f"--find-links {self.find_links!r}: must be an absolute path of a directory on the node")
 
     @property
     def gpuctld(self) -> str:
@@ -333,7 +338,7 @@ class BootstrapResult:
             "from_config": self.target.from_config, "dry_run": self.dry_run, "ok": err is None,
             "exit_code": int(self.exit_code), "prefix": o.prefix, "gpuctld": o.gpuctld, "python": o.python,
             "backend": o.backend, "systemd": o.systemd, "system_site_packages": o.system_site_packages,
-            "no_index": o.no_index, "sudo": o.sudo, "wheel": str(self.wheel) if self.wheel else None,
+            "no_index": o.no_index, "find_links": o.find_links, "sudo": o.sudo, "wheel": str(self.wheel) if self.wheel else None,
             "remote_tmp": self.remote_tmp, "steps": [s.to_json() for s in self.steps],
             "error": None if err is None else {"message": err.message, "step": err.step, "command": err.command,
                                                "rc": err.rc, "stderr_tail": err.stderr_tail},
@@ -393,6 +398,8 @@ class Bootstrap:
         p = _q(o.prefix)
         py = _q(o.python)
         no_index = " --no-index" if o.no_index else ""
+        if o.find_links:
+            no_index += f" --find-links {_q(o.find_links)}"
         wheel = _q(self._wheel_remote()) if self.tmp else self._wheel_remote()
         if name == "check-python":
             return f"{py} -c " + _q('import sys; print("%d.%d.%d" % sys.version_info[:3]); import venv, ensurepip')
@@ -437,7 +444,8 @@ class Bootstrap:
         steps += [("upload", "upload the wheel" + (" and the systemd unit" if o.systemd else "") + " over SFTP to a temp dir"),
                   ("create-venv", f"create or update the virtual environment {o.prefix}"
                    + (" (with system site packages)" if o.system_site_packages else "")),
-                  ("install-gpuctl", f"pip install the wheel into {o.prefix}" + (" (no package index)" if o.no_index else "")),
+                  ("install-gpuctl", f"pip install the wheel into {o.prefix}" + (" (no package index)" if o.no_index else "")
+                   + (f" (wheels from {o.find_links})" if o.find_links else "")),
                   ("verify", f"check that {o.gpuctld} runs")]
         if o.systemd:
             steps += [("install-unit", f"write {UNIT_PATH} (ExecStart {o.gpuctld} serve --backend {o.backend})"),

@@ -53,6 +53,8 @@ def add_node_verbs(verb: Callable[[str, str], argparse.ArgumentParser]) -> None:
                    help="the venv also sees the node's system packages (python -m venv --system-site-packages)")
     b.add_argument("--no-index", action="store_true",
                    help="pip never reaches a package index: dependencies must already be on the node")
+    b.add_argument("--find-links", metavar="DIR",
+                   help="a directory of wheels on the node that pip also installs from (with --no-index: offline)")
     b.add_argument("--sudo", action="store_true",
                    help="run the installing commands with `sudo -n` (non-root SSH account)")
     b.add_argument("--dry-run", action="store_true", help="print the plan; connect to nothing, change nothing")
@@ -100,7 +102,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         target = resolve_target(args.target, cfg)
         options = BootstrapOptions(prefix=args.prefix, python=args.python, backend=args.backend,
                                    systemd=not args.no_systemd, system_site_packages=args.system_site_packages,
-                                   no_index=args.no_index, sudo=args.sudo)
+                                   no_index=args.no_index, find_links=args.find_links, sudo=args.sudo)
         options.check()
         wheel = check_wheel(args.wheel) if args.wheel is not None else None
         source_dir = find_source_dir() if wheel is None else None

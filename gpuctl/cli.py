@@ -158,13 +158,25 @@ def _load_config(args: argparse.Namespace):
     from gpuctl.config import load_config
 
     path, origin = config_path(args)
-    if not path.exists():
+    if _nothing_at(path):
         hint = ("" if origin == "--config" else
                 " or pass --config FILE (or set GPUCTL_CONFIG)")
         raise FileNotFoundError(
             f"no fleet config at {path} (from {origin}): write one (see README 'Config file'){hint}; "
             f"`gpuctl demo` runs without one")
     return load_config(path)
+
+
+def _nothing_at(path: Path) -> bool:
+    """True only when nothing, not even a dangling link, is at `path` (ENOENT); a symlink loop, a
+    directory that cannot be traversed, ... are for load_config to name."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def config_path(args: argparse.Namespace) -> tuple[Path, str]:
@@ -185,13 +197,18 @@ def _check_node(cfg, name: str | None) -> None:
         raise UsageError(f"--node: unknown node {name!r} (known: {', '.join(n.name for n in cfg.nodes)})")
 
 
-def _fleet(args: argparse.Namespace, cfg):
-    from gpuctl.client import FleetClient, default_transport_factory
+def _require_nodes(cfg) -> None:
+    """ConfigError when the config defines no nodes (every verb that reads it, and `config check`)."""
     from gpuctl.config import ConfigError
 
     if not cfg.nodes:
         raise ConfigError(str(cfg.path), "defines no nodes: add a [[node]] table (see README 'Config file')")
 
+
+def _fleet(args: argparse.Namespace, cfg):
+    from gpuctl.client import FleetClient, default_transport_factory
+
+    _require_nodes(cfg)
     return FleetClient(cfg, default_transport_factory(
         ssh_config_path=getattr(args, "ssh_config", None),
         known_hosts_path=getattr(args, "known_hosts", None),
@@ -289,9 +306,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         _print_status(snap, cfg)
     down = [n for n in snap.nodes if not n.reachable]
-    if args.json:  # the table already shows it; with --json, say it where a human reads
-        for n in down:
-            _err(f"unreachable: {n.error}")
+    for n in down:  # on stderr in every mode (the table shows it too)
+        _err(f"unreachable: {n.error}")
     return ExitCode.UNREACHABLE if down else ExitCode.OK
 
 
@@ -385,7 +401,8 @@ def _print_reassign(result) -> None:
     rows = ([(m, verb if not req.dry_run else "planned") for m in (result.plan.moves if req.dry_run else result.moved)]
             + [(m, "pending (drains when its lease ends)") for m in result.pending]
             + [(m, "already moved by an earlier run") for m in result.plan.already]
-            + [(m, f"NOT moved: {err}") for moves, err in result.failed.values() for m in moves])
+            + [(m, f"NOT moved: {err}") for moves, err in result.failed.values() for m in moves]
+            + [(m, f"OUTCOME UNKNOWN (no answer): {err}") for moves, err in result.unknown.values() for m in moves])
     if rows:
         t = Table(title=f"reassign {req.src} -> {req.dst} (request {result.request_id})", title_justify="left")
         for col in ("node", "GPU", "slice", "fraction", "result"):
@@ -394,12 +411,26 @@ def _print_reassign(result) -> None:
             t.add_row(m.node, str(m.gpu_index), m.slice_id, fmt_fraction(m.fraction),
                       f"{what} (from {m.owner})" if m.owner else what)
         con.print(t)
+
+
+def _reassign_messages(result) -> None:
+    """Why anything asked for did not happen, on stderr, in every output mode (also --json)."""
     if result.plan.shortfall:
         _err(f"nothing moved: {result.plan.shortfall}")
     if result.plan.replay_complete:
         _err(f"request {result.request_id} is already complete: nothing more to move")
     for key, why in result.plan.skipped.items():
         _err(f"skipped {key}: {why}")
+    for node, (moves, err) in result.failed.items():
+        _err(f"node {node}: {len(moves)} slice(s) not moved: {err}")
+    for node, (moves, err) in result.unknown.items():
+        _err(f"node {node}: outcome unknown for {len(moves)} slice(s) (no answer; they may have moved): {err}")
+    if result.unknown:
+        _err(f"unknown outcome: run again with --request-id {result.request_id} when "
+             f"{', '.join(sorted(result.unknown))} answer(s): it completes the request and never moves more "
+             f"than asked")
+    elif result.failed and (result.moved or result.pending):
+        _err(f"partial: run again with --request-id {result.request_id} to complete it")
 
 
 def cmd_reassign(args: argparse.Namespace) -> int:
@@ -436,11 +467,7 @@ def cmd_reassign(args: argparse.Namespace) -> int:
         _emit_json(doc)
     else:
         _print_reassign(result)
-    if result.failed:
-        for node, (moves, err) in result.failed.items():
-            _err(f"node {node}: {len(moves)} slice(s) not moved: {err}")
-        if result.moved or result.pending:
-            _err(f"partial: run again with --request-id {result.request_id} to complete it")
+    _reassign_messages(result)
     return result.exit_code
 
 
@@ -451,11 +478,12 @@ def cmd_config(args: argparse.Namespace) -> int:
     if args.config_verb == "path":
         path, origin = config_path(args)
         if args.json:
-            _emit_json({"path": str(path), "from": origin, "exists": path.exists()})
+            _emit_json({"path": str(path), "from": origin, "exists": os.path.exists(path)})
         else:
             print(path)
         return ExitCode.OK
     cfg = _load_config(args)
+    _require_nodes(cfg)  # the same rule as status, reassign, ...: an OK here means they can run
     doc = {"path": str(cfg.path), "ok": True,
            "nodes": [{"name": n.name, "host": n.host, "transport": n.transport, "source": str(n.source)}
                      for n in cfg.nodes],

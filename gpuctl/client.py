@@ -159,10 +159,15 @@ class NodeClient:
         return int(data["cursor"]), [GpuSample.from_json(s) for s in data["samples"]]
 
     def assign(self, *, request_id: str, generation: int, moves: list[dict[str, str]],
-               leased: str = "refuse") -> dict[str, Any]:
-        """POST /v1/assign; returns the daemon's answer ({"generation", "moved", "pending", "replayed"})."""
-        return self.request("POST", "/v1/assign", json={
-            "request_id": request_id, "generation": generation, "moves": moves, "leased": leased})
+               leased: str = "refuse", deadline_unix_s: float | None = None) -> dict[str, Any]:
+        """POST /v1/assign; returns the daemon's answer ({"generation", "moved", "pending", "replayed"}).
+        deadline_unix_s: Unix time (s) after which the node must not apply it (NodeError code
+        deadline_passed then); None for no deadline."""
+        body: dict[str, Any] = {"request_id": request_id, "generation": generation, "moves": moves,
+                                "leased": leased}
+        if deadline_unix_s is not None:
+            body["deadline_unix_s"] = deadline_unix_s
+        return self.request("POST", "/v1/assign", json=body)
 
     def split(self, *, request_id: str, generation: int, gpu_uuid: str, parts: int) -> dict[str, Any]:
         """POST /v1/split: split one GPU into `parts` equal slices (none may be leased)."""

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from gpuctl.model import UNASSIGNED
+from gpuctl.regular_file import UnreadableFile, read_regular_file
 
 __all__ = [
     "ConfigError",
@@ -58,6 +59,9 @@ __all__ = [
 #: The ways the fleet client reaches a node's gpuctld: over SSH (paramiko, then `gpuctld bridge` on the
 #: node) or straight to a Unix socket on this machine.
 TRANSPORTS = ("ssh", "local")
+
+#: Largest fleet config read, bytes (a config of thousands of nodes is well under it; /dev/zero is not).
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
 
 #: The daemon's default control socket on a node (used when `socket` is not given).
 DEFAULT_SOCKET = "/run/gpuctld/gpuctld.sock"
@@ -227,18 +231,17 @@ def default_config_path() -> Path:
 def load_config(path: Path | str) -> FleetConfig:
     """Read and validate the fleet config at `path` (read as bytes; see :func:`parse_config`).
 
-    Raises :class:`ConfigError` when the file cannot be read (missing, a directory, no permission) or
-    is invalid; never returns a partial config.
+    Raises :class:`ConfigError` when the file cannot be read (missing, a dangling link or symlink
+    loop, no permission on it or a directory above it), is not a regular file (directory, FIFO,
+    device, socket), is larger than MAX_CONFIG_BYTES, or is invalid; never returns a partial config.
     """
     shown = str(path)
     try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(shown, "config file not found (create it, or pass --config PATH)") from None
-    except IsADirectoryError:
-        raise ConfigError(shown, "is a directory, not a config file") from None
-    except OSError as e:
-        raise ConfigError(shown, f"cannot read config: {e.strerror or e}") from None
+        data = read_regular_file(path, MAX_CONFIG_BYTES)
+    except UnreadableFile as e:
+        if e.missing:
+            raise ConfigError(shown, "config file not found (create it, or pass --config PATH)") from None
+        raise ConfigError(shown, e.reason) from None
     return parse_config(data, shown)
 
 

@@ -3,13 +3,18 @@
 One path for the CLI (`gpuctl reassign`) and the console (drag and drop, `m`): a
 `ReassignRequest` is planned against a fleet snapshot (`plan`), then executed node by node
 (`execute`) with the generation each node's snapshot had and one request id, so a run that failed
-half-way says exactly what moved and running it again with the same request id completes it
-without moving anything twice.
+half-way says exactly what moved, what did not and whose outcome is unknown (no answer: the node
+may have applied it), and running it again with the same request id completes it without moving
+anything twice. Each POST /v1/assign carries a deadline (the node's timeout_s from the send), past
+which the node refuses to apply it, so a node frozen or slow past the point where this client gave
+up never applies it afterwards. A re-run with an explicit request id by count or GPU-equivalents
+refuses (UNREACHABLE) while a node in its scope cannot be asked whether it recorded that id.
 """
 
 from __future__ import annotations
 
 import math
+import time
 import uuid as uuidlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,7 +115,8 @@ class Plan:
     moves: the slices that will move. already: moves recorded on nodes by an earlier run of the
     same request id (they count toward the amount asked for). shortfall: a sentence when fewer
     slices than asked could be found (then nothing is executed). skipped: per node, why a node's
-    slices were not considered (unreachable, GPU errors).
+    slices were not considered (unreachable, GPU errors). unsettled: per node, why it could not be
+    asked whether it recorded the request id (it may hold moves of an earlier run).
     """
 
     request: ReassignRequest
@@ -118,6 +124,7 @@ class Plan:
     already: list[Move] = field(default_factory=list)
     shortfall: str | None = None
     skipped: dict[str, str] = field(default_factory=dict)
+    unsettled: dict[str, str] = field(default_factory=dict)
     generations: dict[str, int] = field(default_factory=dict)
     replay_complete: bool = False
     #: exit code when nothing could be planned: NOTHING_TO_DO (too few idle slices), CONFLICT
@@ -132,26 +139,29 @@ class Plan:
 @dataclass
 class ReassignResult:
     """What happened: moved (done on the node), pending (drain: moves when the lease ends),
-    already (done by an earlier run of this request id), failed (node -> (moves, error))."""
+    already (done by an earlier run of this request id), failed (node -> (moves, error): the node
+    answered with a refusal, so they did not move), unknown (node -> (moves, error): no answer, so
+    they may or may not have moved; a re-run with the same request id settles it)."""
 
     request_id: str
     plan: Plan
     moved: list[Move] = field(default_factory=list)
     pending: list[Move] = field(default_factory=list)
     failed: dict[str, tuple[list[Move], NodeError]] = field(default_factory=dict)
+    unknown: dict[str, tuple[list[Move], NodeError]] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> ExitCode:
         """OK when all planned moves are done (or nothing was left to do by a replay);
-        NOTHING_TO_DO when nothing could be planned; PARTIAL when some nodes failed after others
-        moved; CONFLICT / UNREACHABLE when every node failed for that reason."""
+        the plan's shortfall code when nothing could be planned; PARTIAL when some nodes failed or
+        did not answer after others moved; UNREACHABLE when no node moved and one did not answer
+        (outcome unknown); CONFLICT when every node refused."""
         if not self.plan.moves:
             return ExitCode.OK if self.plan.replay_complete else self.plan.shortfall_code
-        if self.failed:
+        if self.failed or self.unknown:
             if self.moved or self.pending:
                 return ExitCode.PARTIAL
-            errors = [e for _, e in self.failed.values()]
-            if all(not e.reachable for e in errors):
+            if self.unknown or all(not e.reachable for _, e in self.failed.values()):
                 return ExitCode.UNREACHABLE
             return ExitCode.CONFLICT
         return ExitCode.OK
@@ -170,8 +180,12 @@ class ReassignResult:
             "failed": [{"node": node, "slice_ids": [m.slice_id for m in moves],
                         "code": err.code, "error": str(err)}
                        for node, (moves, err) in self.failed.items()],
+            "unknown": [{"node": node, "slice_ids": [m.slice_id for m in moves],
+                         "code": err.code, "error": str(err)}
+                        for node, (moves, err) in self.unknown.items()],
             "shortfall": self.plan.shortfall,
             "skipped": self.plan.skipped,
+            "unsettled": self.plan.unsettled,
         }
 
 
@@ -326,17 +340,25 @@ def new_request_id() -> str:
     return "r-" + uuidlib.uuid4().hex[:12]
 
 
-def recorded_moves(fleet: FleetClient, snapshot: FleetSnapshot,
-                   req: ReassignRequest) -> tuple[list[Move], set[str]]:
+def recorded_moves(fleet: FleetClient, snapshot: FleetSnapshot, req: ReassignRequest,
+                   unasked: dict[str, str] | None = None) -> tuple[list[Move], set[str]]:
     """Moves already made under req.request_id on reachable nodes, and the nodes that made them.
 
-    Raises ReassignError when a node recorded that request id for something else (another kind
+    unasked: filled with node -> reason for every node of the snapshot that could not be asked
+    (unreachable in the snapshot, or no answer to GET /v1/requests/ID): such a node may hold moves
+    of an earlier run. Raises ReassignError when a node recorded that request id for something else (another kind
     of request, or moves between other departments): a request id names one request, and a re-run
     must ask for the same thing.
     """
     request_id = req.request_id or ""
     reachable = [n.name for n in snapshot.nodes if n.reachable]
     res = fleet.fan_out(lambda c: c.request_result(request_id), reachable)
+    if unasked is not None:
+        for n in snapshot.nodes:
+            if not n.reachable:
+                unasked[n.name] = n.error or "unreachable"
+        for name, err in res.errors.items():
+            unasked[name] = str(err)
     moves: list[Move] = []
     nodes: set[str] = set()
     for name, answer in sorted(res.values.items()):
@@ -368,21 +390,39 @@ def prepare(fleet: FleetClient, req: ReassignRequest, snapshot: FleetSnapshot | 
     req.validate([d.name for d in fleet.departments])
     if req.priorities is None:
         req.priorities = {d.name: d.priority for d in fleet.departments}
+    given_id = req.request_id is not None
     if req.request_id is None:
         req.request_id = new_request_id()
     snap = snapshot or fleet.snapshot([req.node] if req.node else None)
     if req.node and snap.node(req.node) is None:
         raise ReassignError(f"--node: unknown node {req.node!r}")
-    already, done_nodes = recorded_moves(fleet, snap, req)
+    unasked: dict[str, str] = {}
+    already, done_nodes = recorded_moves(fleet, snap, req, unasked)
     p = plan(snap, req, already, done_nodes)
     p.generations = {n.name: n.generation for n in snap.nodes}
+    if given_id and req.slice_ids is None and unasked and not p.replay_complete:
+        # a fresh id is on no node; a given one may be on a node we cannot ask, and planning the
+        # rest of the count elsewhere could then move more than asked (a named slice cannot move twice)
+        p.unsettled = unasked
+        p.moves = []
+        p.shortfall = (f"request {req.request_id} may already be recorded on {', '.join(sorted(unasked))}, which "
+                       f"could not be asked ({'; '.join(unasked[n] for n in sorted(unasked))}); moving the rest "
+                       f"elsewhere now could move more than asked: run it again when "
+                       f"{'it answers' if len(unasked) == 1 else 'they answer'}")
+        p.shortfall_code = ExitCode.UNREACHABLE
+    down = sorted(n.name for n in snap.nodes if not n.reachable)
+    if p.shortfall and p.shortfall_code == ExitCode.NOTHING_TO_DO and down:
+        # too few where we could look: a node we could not reach may hold what is missing
+        p.shortfall += f"; not counted: the slices of unreachable node(s) {', '.join(down)}"
+        p.shortfall_code = ExitCode.UNREACHABLE
     return p
 
 
 def execute(fleet: FleetClient, p: Plan) -> ReassignResult:
     """Send the plan's moves, one POST /v1/assign per node, in parallel, quoting each node's
-    generation from the snapshot the plan was made on. Never raises for node failures: they are
-    in `result.failed` with the daemon's reason (stale generation, leased, unreachable)."""
+    generation from the snapshot the plan was made on and a deadline. Never raises for node
+    failures: a refusal is in `result.failed` with the daemon's reason (stale generation, leased,
+    deadline passed); no answer (timeout, connection lost) is in `result.unknown`."""
     req = p.request
     assert req.request_id
     result = ReassignResult(request_id=req.request_id, plan=p)
@@ -392,13 +432,16 @@ def execute(fleet: FleetClient, p: Plan) -> ReassignResult:
     for m in p.moves:
         by_node.setdefault(m.node, []).append(m)
     generations = p.generations
+    # each node's deadline: no later than fan_out gives up on it (its timeout_s + 1 s from now)
+    now = time.time()
+    deadlines = {name: now + fleet.clients[name].node.timeout_s for name in by_node}
 
     def send(client: NodeClient) -> dict[str, Any]:
         moves = by_node[client.name]
         return client.assign(
             request_id=req.request_id or "", generation=generations.get(client.name, 0),
             moves=[{"slice_id": m.slice_id, "from": m.owner or req.src, "to": req.dst} for m in moves],
-            leased=req.leased)
+            leased=req.leased, deadline_unix_s=deadlines[client.name])
 
     res = fleet.fan_out(send, list(by_node))
     for name, moves in by_node.items():
@@ -407,8 +450,10 @@ def execute(fleet: FleetClient, p: Plan) -> ReassignResult:
             pending = set(answer.get("pending", []))
             for m in moves:
                 (result.pending if m.slice_id in pending else result.moved).append(m)
-        else:
+        elif res.errors[name].reachable:
             result.failed[name] = (moves, res.errors[name])
+        else:  # no answer: the node may have applied it before the answer was lost
+            result.unknown[name] = (moves, res.errors[name])
     return result
 
 

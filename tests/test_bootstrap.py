@@ -1,10 +1,11 @@
 """`gpuctl node bootstrap` against a real sshd on 127.0.0.1 (the node is this machine).
 
 The wheel is built once per module (pip wheel, ~5 s) and installed once (module fixture
-`installed`) with --no-systemd --system-site-packages --no-index: the dependencies come from this
-machine's site-packages, so no package index is reached. A real install leaves out --no-index and
---system-site-packages: pip then fetches textual, httpx, paramiko, ... from the node's index into
-the venv. The systemd steps cannot run here (no systemd); their unit text and the health check are
+`installed`) with --no-systemd --no-index --find-links WHEELHOUSE: the dependencies come from a
+wheelhouse packed from the distributions installed in the test's interpreter (tests/wheelhouse.py),
+so no package index is reached and it works the same from a virtualenv or the system Python. A real
+install leaves out --no-index and --find-links: pip then fetches textual, httpx, paramiko, ... from
+the node's index into the venv. The systemd steps cannot run here (no systemd); their unit text and the health check are
 tested on their own (the health check against a real gpuctld through sshd).
 """
 
@@ -21,6 +22,7 @@ import pytest
 from daemon_proc import REPO_ROOT, start_daemon
 from fleet_fixtures import run_cli
 from sshd import SshServer, free_port, sshd_available
+from wheelhouse import build_wheelhouse
 
 from gpuctl.bootstrap import (BootstrapError, BootstrapOptions, build_wheel, check_wheel, node_toml, render_unit,
                               resolve_target, unit_socket, wait_healthy)
@@ -55,6 +57,14 @@ def wheel(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory) -> Path:
+    """gpuctl's dependencies as wheels, packed from this interpreter's installed distributions."""
+    out = tmp_path_factory.mktemp("wheelhouse")
+    build_wheelhouse("gpuctl", out)
+    return out
+
+
+@pytest.fixture(scope="module")
 def fleet_toml(sshd, tmp_path_factory) -> Path:
     """A fleet config naming the sshd as node "gpu-a" (its SSH settings only there) and a dead node."""
     path = tmp_path_factory.mktemp("cfg") / "fleet.toml"
@@ -71,13 +81,13 @@ def _common(sshd, fleet_toml) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def installed(sshd, wheel, fleet_toml, tmp_path_factory):
+def installed(sshd, wheel, wheelhouse, fleet_toml, tmp_path_factory):
     """One real bootstrap (--json) into a fresh prefix: (prefix, CliResult). A marker file is left in
     the venv to show that a later run updates it in place."""
     prefix = tmp_path_factory.mktemp("node") / "gpuctl"
     args = ["node", "bootstrap", "gpu-a", "--json", *_common(sshd, fleet_toml), "--wheel", str(wheel),
-            "--prefix", str(prefix), "--python", sys.executable, "--no-systemd", "--system-site-packages",
-            "--no-index", "--yes"]
+            "--prefix", str(prefix), "--python", sys.executable, "--no-systemd", "--no-index",
+            "--find-links", str(wheelhouse), "--yes"]
     first = run_cli(*args, timeout_s=300)
     if first.code == 0:
         (prefix / "lib" / "marker-from-first-run").write_text("kept")
@@ -104,6 +114,11 @@ def test_bootstrap_installs_gpuctld_into_the_prefix(installed, wheel, sshd):
     # the node's temp dir is gone, the wheel was uploaded there under its own name
     assert doc["remote_tmp"].startswith("/tmp/gpuctl-bootstrap.") and not Path(doc["remote_tmp"]).exists()
     assert f"{doc['remote_tmp']}/{wheel.name}" in doc["steps"][2]["detail"]
+    # the dependencies came from the wheelhouse into the venv itself (no system site packages)
+    assert f"--no-index --find-links {doc['find_links']} " in doc["steps"][4]["command"]
+    assert "include-system-site-packages = false" in (prefix / "pyvenv.cfg").read_text()
+    assert list((prefix / "lib").glob("python3*/site-packages/textual/__init__.py"))
+    assert list((prefix / "lib").glob("python3*/site-packages/paramiko/__init__.py"))
     # the installed program runs
     gpuctld = prefix / "bin" / "gpuctld"
     assert gpuctld.is_file() and os.access(gpuctld, os.X_OK)
@@ -240,6 +255,7 @@ def test_no_sftp_subsystem_fails_the_upload(wheel, tmp_path):
     (["--prefix", "/root/gpuctl"], "--prefix /root/gpuctl: the unit has ProtectHome=yes"),
     (["--wheel", "/nonexistent/gpuctl-0.1.0-py3-none-any.whl"], "--wheel /nonexistent/gpuctl-0.1.0-py3-none-any.whl: no such file"),
     (["--backend", "cuda"], "argument --backend: invalid choice: 'cuda'"),
+    (["--find-links", "wheels"], "--find-links 'wheels': must be an absolute path of a directory on the node"),
 ])
 def test_bad_flags_exit_2_and_touch_nothing(args, message, tmp_path):
     r = run_cli("node", "bootstrap", "somehost", "--yes", *args, env={"GPUCTL_CONFIG": str(tmp_path / "absent")})
@@ -381,7 +397,7 @@ def _stop_pid_file(path: Path) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-def test_systemd_steps_start_the_unit_and_wait_for_health(installed, wheel, tmp_path):
+def test_systemd_steps_start_the_unit_and_wait_for_health(installed, wheel, wheelhouse, tmp_path):
     """The systemd steps with fake install/systemctl/journalctl first on the session's PATH: the
     unit lands (under FAKE_ROOT) with ExecStart = PREFIX/bin/gpuctld, the fake systemctl starts
     exactly that command line, and the health step reaches the daemon through the bridge. It runs
@@ -412,7 +428,7 @@ def test_systemd_steps_start_the_unit_and_wait_for_health(installed, wheel, tmp_
                 t = SshTransport(node, ssh_config_path=str(server.dir / "empty"),
                                  known_hosts_path=str(server.known_hosts))
                 opts = BootstrapOptions(prefix=str(prefix), python=sys.executable, backend="simulated",
-                                        system_site_packages=True, no_index=True, **options)
+                                        no_index=True, find_links=str(wheelhouse), **options)
                 return t, Bootstrap(Target("gpu-s", node, True), opts, transport=t, wheel=wheel,
                                     unit_template=template)
 

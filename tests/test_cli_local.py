@@ -162,8 +162,8 @@ def test_config_without_nodes_is_a_config_error(tmp_path):
     assert r.code == 3
     assert f"{empty}: defines no nodes: add a [[node]] table" in r.stderr
     assert r.stdout == ""
-    check = run_cli("--config", str(empty), "config", "check")
-    assert check.code == 0 and "0 node(s), 1 department(s)" in check.stdout
+    check = run_cli("--config", str(empty), "config", "check")  # agrees with status (issue 7 item 5)
+    assert check.code == 3 and f"{empty}: defines no nodes: add a [[node]] table" in check.stderr
 
 
 def test_request_id_reused_for_other_departments_is_refused(fleet):

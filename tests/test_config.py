@@ -161,7 +161,7 @@ def test_load_config_missing_file_and_directory(tmp_path):
     assert info.value.line is None and info.value.path == str(missing)
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path)
-    assert str(info.value) == f"{tmp_path}: is a directory, not a config file"
+    assert str(info.value) == f"{tmp_path}: is a directory, not a regular file"
 
 
 def test_default_config_path(monkeypatch, tmp_path):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import socket
@@ -190,7 +191,7 @@ def _generation(data: dict[str, Any]) -> int:
 
 def parse_assign(data: dict[str, Any]) -> tuple[str, int, list[dict[str, str]], str]:
     """Validate a POST /v1/assign body; returns (request_id, generation, moves, leased)."""
-    _no_unknown(data, {"request_id", "generation", "moves", "leased"})
+    _no_unknown(data, {"request_id", "generation", "moves", "leased", "deadline_unix_s"})
     rid = _request_id(data)
     gen = _generation(data)
     raw_moves = _get(data, "moves", list, "moves")
@@ -216,6 +217,17 @@ def parse_assign(data: dict[str, Any]) -> tuple[str, int, list[dict[str, str]], 
     if leased not in LEASED_MODES:
         raise ApiError(400, "invalid_field", f"leased must be one of {', '.join(LEASED_MODES)}, got {leased!r}", "leased")
     return rid, gen, moves, leased
+
+
+def parse_deadline(data: dict[str, Any]) -> float | None:
+    """The optional ``deadline_unix_s`` of a change request (Unix time, s; a finite number > 0), or None."""
+    value = data.get("deadline_unix_s")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ApiError(400, "invalid_field", f"deadline_unix_s must be a positive number of seconds (Unix time), "
+                       f"got {printable(repr(value), 60)}", "deadline_unix_s")
+    return float(value)
 
 
 def parse_split(data: dict[str, Any]) -> tuple[str, int, str, int]:
@@ -383,9 +395,10 @@ class ControlApi:
 
     def assign(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
         """POST /v1/assign: validate the body, then NodeStateManager.assign."""
-        rid, gen, moves, leased = parse_assign(request.json_object())
+        data = request.json_object()
+        rid, gen, moves, leased = parse_assign(data)
         request.note = f"request_id={rid}"
-        return 200, self.state.assign(rid, gen, moves, leased)
+        return 200, self.state.assign(rid, gen, moves, leased, parse_deadline(data))
 
     def split(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
         """POST /v1/split: validate the body, then NodeStateManager.split."""

@@ -148,6 +148,13 @@ class RequestIdReused(StateError):
     code = "request_id_reused"
 
 
+class DeadlinePassed(StateError):
+    """A change request reached its commit after the deadline its client set (``deadline_unix_s``):
+    the client has given up on it and reports its outcome as unknown, so it is not applied."""
+
+    code = "deadline_passed"
+
+
 class LeaseExists(StateError):
     """add_lease with an id already in use."""
 
@@ -552,7 +559,8 @@ class NodeStateManager:
             return added
 
     def assign(
-        self, request_id: str, generation: int, moves: list[dict[str, str]], leased_mode: str = "refuse"
+        self, request_id: str, generation: int, moves: list[dict[str, str]], leased_mode: str = "refuse",
+        deadline_unix_s: float | None = None,
     ) -> dict[str, Any]:
         """Move slices between departments, all or nothing.
 
@@ -561,10 +569,13 @@ class NodeStateManager:
         lease ends; end the lease, releasing all its slices, then move). Returns ``{"generation",
         "moved": [slice_id], "pending": [slice_id], "replayed": False}``; a request id seen
         before returns its recorded answer with ``"replayed": True`` and changes nothing.
+        deadline_unix_s: the client's deadline (Unix time, s, this node's clock); a request that
+        reaches its commit later is refused, so a node frozen or delayed past the point where the
+        client gave up never applies it afterwards.
 
         Raises StaleGeneration, UnknownSlice, WrongOwner (naming the slice and its actual owner),
         SliceLeased (naming the slice and lease), InvalidRequest (empty or duplicate moves, bad
-        mode), RequestIdReused, StateWriteError.
+        mode), RequestIdReused, DeadlinePassed, StateWriteError.
         """
         with self._lock:
             replay = self._replay(request_id, "assign")
@@ -612,6 +623,7 @@ class NodeStateManager:
             answer = {"generation": self._state.generation + 1, "moved": moved, "pending": pending,
                       "replayed": False,
                       "moves": [{"slice_id": m["slice_id"], "from": m["from"], "to": m["to"]} for m in moves]}
+            _check_deadline(request_id, deadline_unix_s)
             self._record(new, request_id, "assign", answer)
             self._commit(new)
             return answer
@@ -741,6 +753,20 @@ def _fill_unknown_quotas(slices: list[Slice], gpu: GpuIdentity) -> bool:
             s.memory_quota_bytes = total if s.mig else total // max(1, round(1 / s.fraction))
             changed = True
     return changed
+
+
+def _check_deadline(request_id: str, deadline_unix_s: float | None) -> None:
+    """Raise DeadlinePassed when the client's deadline is behind this node's clock (checked last,
+    right before the durable write, so nothing after it can take long)."""
+    if deadline_unix_s is None:
+        return
+    late_s = time.time() - deadline_unix_s
+    if late_s > 0:
+        raise DeadlinePassed(
+            f"request {request_id!r} reached this node {late_s:.1f} s after its deadline: its client has given "
+            f"up on it (it reports the outcome as unknown), so it is not applied and nothing changed; run the "
+            f"request again (if this keeps happening, this node's clock may be ahead of the admin machine's)",
+            field="deadline_unix_s")
 
 
 def _end_lease(state: NodeState, lease_id: str) -> list[str]:

@@ -559,6 +559,10 @@ class BoardScreen(GpuctlScreen):
             for node, (moves, err) in result.failed.items():
                 self._flash(f"move {req.src} → {req.dst} failed on {node}: {err}", severity="error")
                 self._clear_moving([m.slice_id for m in moves])
+            for node, (moves, err) in result.unknown.items():
+                self._flash(f"move {req.src} → {req.dst} on {node}: outcome unknown (no answer): {err}",
+                            severity="error")
+                self._clear_moving([m.slice_id for m in moves])
             if result.pending:
                 n = len(result.pending)
                 self._flash(f"{n} leased slice{'s' if n != 1 else ''} will move to {req.dst} when the lease ends")
