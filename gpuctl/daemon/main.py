@@ -99,7 +99,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="when gpuctld runs as root, run lease workers as this unprivileged user")
     p.add_argument("--executor", choices=("auto", "numpy", "cupy"), default="auto",
                    help="lease workers' executor; auto = cupy with the nvml backend, numpy with simulated")
+    p.add_argument("--mps", choices=("default", "auto", "off", "required"), default="default",
+                   help="CUDA MPS for fractional leases: auto = start one MPS control daemon per GPU holding "
+                        "fractional leases, time-sliced with a warning when it cannot start; required = refuse "
+                        "those leases then; off = never (default: auto with the nvml backend, off with simulated)")
+    p.add_argument("--mps-dir", type=Path, default=None, metavar="DIR",
+                   help="where MPS pipe/log directories are made (default: DIR-OF-SOCKET/mps)")
     return p
+
+
+def mps_mode(args: argparse.Namespace, backend_name: str) -> str:
+    """--mps as one of gpuctl.daemon.mps.MPS_MODES: "default" is auto on nvml, off on simulated."""
+    if args.mps != "default":
+        return args.mps
+    return "auto" if backend_name == "nvml" else "off"
 
 
 def datapath_options(args: argparse.Namespace, backend_name: str) -> dict:
@@ -233,7 +246,11 @@ def serve_main(args: argparse.Namespace) -> int:
         dp = datapath_options(args, backend.name)
         if dp["worker_user"] is None and os.geteuid() == 0:
             logging.warning("gpuctld runs as root and no --worker-user is set: lease workers run as root")
-        leases = LeaseManager(manager, gpus, hostname=api.hostname, **dp)
+        from gpuctl.daemon.mps import MpsManager
+
+        mps = MpsManager(mps_mode(args, backend.name), args.mps_dir or Path(socket_path).parent / "mps")
+        leases = LeaseManager(manager, gpus, hostname=api.hostname, mps=mps, simulated=backend.name == "simulated",
+                              **dp)
         try:
             leases.restore()
         except StateWriteError as e:
@@ -267,7 +284,7 @@ def serve_main(args: argparse.Namespace) -> int:
         serve_in_thread(server)
         leases.start()
         print(f"gpuctld ready: socket={socket_path} backend={backend.name} gpus={len(gpus)} "
-              f"executor={dp['executor']} datapath={dp['bind']}", file=sys.stderr, flush=True)
+              f"executor={dp['executor']} datapath={dp['bind']} mps={mps.mode}", file=sys.stderr, flush=True)
         while not stop.wait(0.2):
             pass
         name = signal.Signals(received[0]).name if received else "signal"
@@ -277,6 +294,7 @@ def serve_main(args: argparse.Namespace) -> int:
         ended = leases.close()
         if ended:
             _say(f"ended {len(ended)} lease(s) and stopped their workers: {', '.join(ended)}")
+        mps.close()
         sampler.stop()
         backend.close()
         _say(f"stopped (generation {manager.generation}, socket {socket_path} removed)")
