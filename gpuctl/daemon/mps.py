@@ -2,7 +2,7 @@
 
 A fractional lease (its slices add up to less than the whole GPU) is capped with CUDA MPS: its
 processes connect to a control daemon started by gpuctld for that GPU, with private pipe and
-log directories under gpuctld's run dir (``<run_dir>/mps/<GPU UUID>/pipe`` and ``.../log``), and
+log directories (``<root>/<16 hex digits of the GPU UUID>/pipe`` and ``.../log``), and
 get a hard memory cap (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT) and a share of the SMs
 (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) in their environment (:func:`mps_client_env`). Whole-GPU
 leases never use MPS.
@@ -86,15 +86,16 @@ def mps_client_env(*, quota_bytes: int, compute_share: float, pipe_dir: Path | s
 class MpsManager:
     """Starts and stops the MPS control daemons of one node (thread-safe).
 
-    mode: one of MPS_MODES. run_dir: gpuctld's run directory (``mps/`` is made under it).
+    mode: one of MPS_MODES. root: the directory the daemons' pipe/log directories are made in
+    (gpuctld: ``--mps-dir``, default ``<dir of its socket>/mps``).
     program: the control program (default :data:`CONTROL_PROGRAM`, looked up on PATH).
     """
 
-    def __init__(self, mode: str, run_dir: Path | str, *, program: str = CONTROL_PROGRAM):
+    def __init__(self, mode: str, root: Path | str, *, program: str = CONTROL_PROGRAM):
         if mode not in MPS_MODES:
             raise ValueError(f"mps mode must be one of {', '.join(MPS_MODES)}, got {mode!r}")
         self.mode = mode
-        self.root = Path(run_dir) / "mps"
+        self.root = Path(root)
         self.program = program
         self._lock = threading.Lock()
         self._daemons: dict[str, MpsDaemon] = {}
