@@ -434,7 +434,8 @@ class LeaseManager:
                 pipe = log_dir = None
                 if mps_daemon is not None:
                     pipe, log_dir = str(mps_daemon.pipe_dir), str(mps_daemon.log_dir)
-                elif self.simulated and self.mps is not None:
+                elif self.simulated and self.mps is not None and self.mps.mode == "off":
+                    # no GPU here: the directories a daemon would have, computed, so the demo shows them
                     pipe, log_dir = (str(p) for p in self.mps.dirs(gpu_uuid))
                 answer["env"] = native_env(device_uuid=device_uuid, quota_bytes=quota, compute_share=share,
                                            fractional=fractional, pipe_dir=pipe, log_dir=log_dir)
