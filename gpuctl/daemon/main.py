@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CUDA MPS for fractional leases: auto = start one MPS control daemon per GPU holding "
                         "fractional leases, time-sliced with a warning when it cannot start; required = refuse "
                         "those leases then; off = never (default: auto with the nvml backend, off with simulated)")
+    p.add_argument("--native-grace", type=_positive_float, default=5.0, metavar="SECONDS",
+                   help="seconds between SIGTERM and SIGKILL when a native lease's processes are ended by a revoke, "
+                        "an expiry or shutdown (default 5)")
     p.add_argument("--mps-dir", type=Path, default=None, metavar="DIR",
                    help="where MPS pipe/log directories are made (default: DIR-OF-SOCKET/mps)")
     return p
@@ -250,7 +253,7 @@ def serve_main(args: argparse.Namespace) -> int:
 
         mps = MpsManager(mps_mode(args, backend.name), args.mps_dir or Path(socket_path).parent / "mps")
         leases = LeaseManager(manager, gpus, hostname=api.hostname, mps=mps, simulated=backend.name == "simulated",
-                              **dp)
+                              native_grace_s=args.native_grace, **dp)
         try:
             leases.restore()
         except StateWriteError as e:
