@@ -58,6 +58,7 @@ _U64_NA = 2**64 - 1  # the same for unsigned long long fields
 _MAX_POWER_MW = 5_000_000  # 5 kW: no single GPU draws more; anything above is a bad reading
 _MAX_TEMPERATURE_C = 200
 _MAX_CLOCK_MHZ = 20_000
+_MAX_PID = 4_194_304  # PID_MAX_LIMIT on 64-bit Linux: a larger pid is a driver bug
 
 # Errors after which a memory v2 query is not retried on that GPU (v1 is used instead).
 _V2_UNUSABLE = {
@@ -402,7 +403,8 @@ class NvmlBackend(GpuBackend):
         return out
 
     def _processes(self, gpu: _Gpu) -> dict[str, Any]:
-        """process_count (nvmlDeviceGetComputeRunningProcesses) or processes_error saying why not."""
+        """process_count and processes (nvmlDeviceGetComputeRunningProcesses; see GpuSample) or
+        processes_error saying why not."""
         procs = self._query(gpu, "nvmlDeviceGetComputeRunningProcesses", gpu.handle)
         if isinstance(procs, Unavailable):
             if procs.code == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
@@ -410,7 +412,26 @@ class NvmlBackend(GpuBackend):
             else:
                 why = f"process list unavailable ({procs.reason})"
             return {"process_count": None, "processes_error": why}
-        return {"process_count": len(procs), "processes_error": None}
+        return {"process_count": len(procs), "processes_error": None, "processes": self._valid_processes(gpu, procs)}
+
+    def _valid_processes(self, gpu: _Gpu, procs: Any) -> list[dict[str, Any]]:
+        """``[{"pid", "memory_used_bytes"}]`` from NVML's process structs: a pid that is not an
+        integer in 1.._MAX_PID is dropped (logged once); usedGpuMemory that is not an integer
+        below the GPU's memory (NVML_VALUE_NOT_AVAILABLE is 2**64-1) becomes None."""
+        out, dropped = [], []
+        total = gpu.identity.memory_total_bytes or _U64_NA
+        for p in procs:
+            pid, used = getattr(p, "pid", None), getattr(p, "usedGpuMemory", None)
+            if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid <= _MAX_PID:
+                dropped.append(repr(pid))
+                continue
+            if not isinstance(used, int) or isinstance(used, bool) or not 0 <= used <= total:
+                used = None
+            out.append({"pid": pid, "memory_used_bytes": used})
+        if dropped:
+            self._log_once(gpu, "range:processes", logging.WARNING,
+                           f"nvmlDeviceGetComputeRunningProcesses gave impossible pids ({', '.join(dropped[:5])}): dropped")
+        return out
 
     # ---- shutdown ------------------------------------------------------------------------
 

@@ -762,15 +762,23 @@ class LeaseManager:
         return 200, self.end(lease_id, "released")
 
     def api_status(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
-        """GET /v1/status, with each slice's ``usage`` and the leases' live expiry."""
+        """GET /v1/status, with each slice's ``usage``, the leases' live expiry, and each GPU's
+        processes split into ``lease_processes`` and ``outside_processes`` (gpuctl.daemon.outside)."""
         assert self._orig_status is not None
         code, body = self._orig_status(request)
         if code != 200:
             return code, body
         usage = self.usage_by_slice()
-        for g in body.get("gpus", []):
+        from gpuctl.daemon.outside import owner_map, split_processes
+
+        gpus = body.get("gpus", [])
+        busy = any((g.get("sample") or {}).get("processes") for g in gpus)
+        owners = owner_map(self.lease_pids()) if busy else {}
+        for g in gpus:
             for s in g.get("slices", []):
                 s["usage"] = usage.get(s["id"])
+            g["lease_processes"], g["outside_processes"] = split_processes(
+                (g.get("sample") or {}).get("processes"), owners)
         live = self.live_leases()
         for lj in body.get("leases", []):
             cur = live.get(lj.get("id"))
