@@ -153,3 +153,42 @@ def test_unknown_process_list_stays_unknown(nvml_node):
         g0 = next(g for g in c.get("/v1/status").json()["gpus"] if g["identity"]["uuid"] == UUID0)
     assert g0["outside_processes"] is None and g0["lease_processes"] is None
     assert "NVML_ERROR_NO_PERMISSION" in g0["sample"]["processes_error"]
+
+
+# ---------------------------------------------------------------------------- console
+
+
+def _gpu_with_outside() -> "tuple":
+    from gpuctl import model
+
+    ident = model.GpuIdentity(uuid=UUID0, index=3, name="NVIDIA H200")
+    sl = model.Slice(id=f"{UUID0}/0", gpu_uuid=UUID0, fraction=0.5, memory_quota_bytes=70 * GIB, compute_share=0.5,
+                     department="research")
+    gpu = model.GpuStatus(identity=ident, sample=model.GpuSample(uuid=UUID0, timestamp_s=1.0, sm_util_pct=40.0),
+                          slices=[sl], outside_processes=[{"pid": 4242, "user": "bob", "memory_used_bytes": GIB}],
+                          lease_processes=[])
+    node = model.NodeStatus(name="gpu-a", reachable=True, gpus=[gpu])
+    return node, gpu
+
+
+def test_board_card_marks_a_slice_whose_gpu_runs_outside_work():
+    from gpuctl import model
+    from gpuctl.widgets.board_cards import card_text
+    from gpuctl.widgets.board_model import slice_views
+
+    node, gpu = _gpu_with_outside()
+    (view,) = slice_views(model.FleetSnapshot(nodes=[node]))
+    assert view.outside_processes == 1
+    assert card_text(view) == "gpu-a GPU 3 ½ #0 ⚠1 outside\nSM  40% idle"
+    gpu.outside_processes = None  # unknown list: no mark (never a made-up count)
+    (view,) = slice_views(model.FleetSnapshot(nodes=[node]))
+    assert card_text(view) == "gpu-a GPU 3 ½ #0\nSM  40% idle"
+
+
+def test_node_detail_lists_outside_processes():
+    from gpuctl.screens.node_detail import slices_text
+    from gpuctl.widgets.palette import build_palette
+
+    node, gpu = _gpu_with_outside()
+    text = slices_text(node, gpu, build_palette({}, [])).plain
+    assert text.splitlines()[-1] == "outside gpuctl: pid 4242 bob 1.0 GiB"
