@@ -10,9 +10,13 @@ sha256 of the token (the token itself is shown once, in the grant's answer, and 
 Rules:
 
 - A lease holds idle slices of one department on one GPU (slice choice: :mod:`gpuctl.leasing`).
-  Its worker (``gpuctl.datapath.launcher.start_worker``) sees only that GPU
-  (CUDA_VISIBLE_DEVICES = the GPU's NVML index), with memory quota = sum of the slices'
-  ``memory_quota_bytes`` and compute share = sum of their ``compute_share`` (at most 1).
+  Its worker (``gpuctl.datapath.launcher.start_worker``) sees only that GPU, pinned by UUID
+  (CUDA_VISIBLE_DEVICES = the GPU's UUID, CUDA_DEVICE_ORDER=PCI_BUS_ID; never the NVML index),
+  with memory quota = sum of the slices' ``memory_quota_bytes`` and compute share = sum of their
+  ``compute_share`` (at most 1). A fractional lease uses its GPU's MPS daemon (gpuctl.daemon.mps).
+- A native lease (``attach = "native"``) has no worker: its client runs the program on the node
+  with the grant's ``env`` and records the pids (gpuctl.daemon.native); a revoke, an expiry or
+  shutdown ends those processes (SIGTERM, then SIGKILL after ``native_grace_s``).
 - The worker is started first, then the lease is written (with its endpoint); if the write is
   refused the worker is stopped. A refused grant changes nothing.
 - A worker never outlives its lease: it is stopped on release, expiry (the monitor thread checks
