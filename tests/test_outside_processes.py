@@ -85,7 +85,8 @@ def nvml_node(tmp_path, monkeypatch):
     sampler = Sampler(backend, interval_s=1.0)
     sampler.sample_once()
     api = ControlApi(backend_name="nvml", gpus=backend.gpus(), sampler=sampler, state=manager)
-    leases = LeaseManager(manager, backend.gpus(), executor="numpy", hostname="gpu-a")
+    leases = LeaseManager(manager, backend.gpus(), executor="numpy", hostname="gpu-a",
+                          gpu_processes=lambda: {u: x.processes for u, x in sampler.latest().items()})
     leases.install(api)
     sockdir = Path(tempfile.mkdtemp(prefix="gpuctld-o", dir="/tmp"))
     server = serve(api, sockdir / "api.sock")
@@ -93,7 +94,7 @@ def nvml_node(tmp_path, monkeypatch):
     cfg = tmp_path / "fleet.toml"
     cfg.write_text(f'[[node]]\nname = "gpu-a"\ntransport = "local"\nsocket = "{sockdir / "api.sock"}"\n')
     try:
-        yield case, sockdir / "api.sock", cfg, sampler
+        yield case, sockdir / "api.sock", cfg, sampler, leases
     finally:
         leases.close()
         server.shutdown()
@@ -102,7 +103,7 @@ def nvml_node(tmp_path, monkeypatch):
 
 
 def test_status_splits_lease_and_outside_processes(nvml_node):
-    case, sock, cfg, sampler = nvml_node
+    case, sock, cfg, sampler, _ = nvml_node
     with uds_client(sock) as c:
         gen = c.get("/v1/slices").json()["generation"]
         sid = next(s["id"] for s in c.get("/v1/slices").json()["slices"] if s["gpu_uuid"] == UUID0)
@@ -146,7 +147,7 @@ def test_status_splits_lease_and_outside_processes(nvml_node):
 
 
 def test_unknown_process_list_stays_unknown(nvml_node):
-    case, sock, _, sampler = nvml_node
+    case, sock, _, sampler, _ = nvml_node
     case["gpu"]["0"]["compute_running_processes"] = {"error": "NVML_ERROR_NO_PERMISSION"}
     sampler.sample_once()
     with uds_client(sock) as c:
@@ -192,3 +193,50 @@ def test_node_detail_lists_outside_processes():
     node, gpu = _gpu_with_outside()
     text = slices_text(node, gpu, build_palette({}, [])).plain
     assert text.splitlines()[-1] == "outside gpuctl: pid 4242 bob 1.0 GiB"
+
+
+def test_second_cuda_process_of_a_fractional_native_lease_is_ended(nvml_node):
+    """mps-01: a program's child inherits the MPS cap, so two CUDA processes of one 1/2 lease would
+    hold the whole GPU's memory: the second is ended (SIGTERM) and the lease says why; a whole-GPU
+    lease may run several."""
+    case, sock, _, sampler, leases = nvml_node
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                               "print(c.pid, flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    with uds_client(sock) as c:
+        try:
+            child = int(parent.stdout.readline())
+            gen = c.get("/v1/slices").json()["generation"]
+            r = c.post("/v1/split", json={"request_id": "sp", "generation": gen, "gpu_uuid": UUID0, "parts": 2})
+            assert r.status_code == 200, r.text
+            sids = [s["id"] for s in c.get("/v1/slices").json()["slices"] if s["gpu_uuid"] == UUID0]
+            assert c.post("/v1/assign", json={"request_id": "g2", "generation": r.json()["generation"], "moves": [
+                {"slice_id": sid, "from": "unassigned", "to": "research"} for sid in sids]}).status_code == 200
+            lid = c.post("/v1/leases", json={"request_id": "half", "department": "research", "owner": "t@h",
+                                             "ttl_s": 60, "gpus": 0.5, "attach": "native"}).json()["lease"]["id"]
+            assert c.post(f"/v1/leases/{lid}/processes", json={"pids": [parent.pid]}).status_code == 200
+            case["gpu"]["0"]["compute_running_processes"] = [{"pid": parent.pid, "usedGpuMemory": GIB},
+                                                             {"pid": child, "usedGpuMemory": GIB}]
+            sampler.sample_once()
+            assert leases.one_client_each() == [(lid, child)]
+            assert parent.poll() is None  # the first process keeps running
+            import time as _time
+
+            deadline = _time.monotonic() + 5
+            while _time.monotonic() < deadline:
+                with open(f"/proc/{child}/stat") as f:
+                    if f.read().rsplit(")", 1)[-1].split()[0] == "Z":
+                        break
+                _time.sleep(0.05)
+            else:
+                raise AssertionError(f"child {child} still runs after SIGTERM")
+            (listed,) = c.get("/v1/leases").json()["leases"]
+            assert listed["warnings"] == [
+                f"process {child} was ended: it was a second CUDA process of fractional lease {lid} (process "
+                f"{parent.pid} is the first); the MPS memory cap holds per process, so two would together use "
+                f"twice the slice's quota: run one CUDA process per fractional lease"]
+            assert leases.one_client_each() == []  # said and done once
+            c.delete(f"/v1/leases/{lid}")
+        finally:
+            parent.kill()
+            parent.wait()

@@ -47,6 +47,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import threading
 import time
 import urllib.parse
@@ -227,6 +228,7 @@ class LiveLease:
     attach: str = "remote"
     mps: bool = False
     warnings: list[str] | None = None
+    fractional: bool = False
 
 
 def format_host(host: str) -> str:
@@ -248,6 +250,8 @@ class LeaseManager:
     same, computed, so tests and the demo show them). native_grace_s: seconds between SIGTERM and
     SIGKILL when a native lease's processes are ended. device_uuid: slice id -> MIG device UUID
     for slices that are MIG devices (native programs are pinned to it instead of the GPU's).
+    gpu_processes: GPU UUID -> the latest sample's process list (GpuSample.processes); with it,
+    the monitor keeps one CUDA process per fractional native lease (:meth:`one_client_each`).
     """
 
     def __init__(
@@ -267,6 +271,7 @@ class LeaseManager:
         simulated: bool = False,
         native_grace_s: float = 5.0,
         device_uuid: dict[str, str] | None = None,
+        gpu_processes: Callable[[], dict[str, list[dict[str, Any]] | None]] | None = None,
     ):
         if executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
@@ -292,6 +297,8 @@ class LeaseManager:
         self.simulated = simulated
         self.native_grace_s = native_grace_s
         self.device_uuid = dict(device_uuid or {})
+        self.gpu_processes = gpu_processes
+        self._ended_extra: set[tuple[str, int]] = set()
         self._endings: OrderedDict[str, str] = OrderedDict()  # lease id -> why it ended
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -417,7 +424,8 @@ class LeaseManager:
             self._live[lease_id] = LiveLease(lease=replace(lease, slice_ids=list(lease.slice_ids)), handle=handle,
                                              token_sha256=hashlib.sha256(token).hexdigest(),
                                              request_id=req.request_id, gpu_index=gpu_index, gpu_uuid=gpu_uuid,
-                                             attach=req.attach, mps=mps_daemon is not None, warnings=warnings)
+                                             attach=req.attach, mps=mps_daemon is not None, warnings=warnings,
+                                             fractional=fractional)
             self._requests[req.request_id] = lease_id
             while len(self._requests) > MAX_REMEMBERED_REQUESTS:
                 self._requests.popitem(last=False)
@@ -647,6 +655,52 @@ class LeaseManager:
                 log.error("lease %s: %s", lid, e.message)
         return ended
 
+    def one_client_each(self) -> list[tuple[str, int]]:
+        """Keep one CUDA process per fractional native lease (tests/cases/mps mps-01).
+
+        The MPS memory cap is per client process, and a program's children inherit it: two CUDA
+        processes of one lease would together hold twice the slice's quota. So when the GPU's
+        process list shows more than one process of such a lease (its recorded pids and their
+        descendants), every one but the earliest started gets SIGTERM, and the lease's warnings
+        (GET /v1/leases) and the log say which and why. Returns [(lease id, pid)] ended this round.
+        """
+        if self.gpu_processes is None:
+            return []
+        from gpuctl.daemon.native import proc_start_time
+        from gpuctl.daemon.outside import owner_map
+
+        capped = {lid: live for lid, live in list(self._live.items()) if live.attach == "native" and live.fractional}
+        if not capped:
+            return []
+        owners = owner_map({lid: live.handle.pids() for lid, live in capped.items()})
+        per_lease: dict[str, list[int]] = {}
+        for procs in (self.gpu_processes() or {}).values():
+            for p in procs or ():
+                lid = owners.get(p.get("pid"))
+                if lid is not None and p["pid"] not in per_lease.setdefault(lid, []):
+                    per_lease[lid].append(p["pid"])
+        ended = []
+        for lid, pids in per_lease.items():
+            if len(pids) < 2:
+                continue
+            keep, *extra = sorted(pids, key=lambda pid: (proc_start_time(pid) or 0, pid))
+            for pid in extra:
+                if (lid, pid) in self._ended_extra:
+                    continue
+                self._ended_extra.add((lid, pid))
+                msg = (f"process {pid} was ended: it was a second CUDA process of fractional lease {lid} (process "
+                       f"{keep} is the first); the MPS memory cap holds per process, so two would together use "
+                       f"twice the slice's quota: run one CUDA process per fractional lease")
+                log.warning("lease %s: %s", lid, msg)
+                live = capped[lid]
+                live.warnings = [*(live.warnings or []), msg]
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except OSError as e:
+                    log.info("lease %s: SIGTERM to %d: %s", lid, pid, e)
+                ended.append((lid, pid))
+        return ended
+
     def _monitor(self) -> None:
         last_sync = 0.0
         while not self._stop.wait(self.check_interval_s):
@@ -654,6 +708,7 @@ class LeaseManager:
                 self.check()
                 if time.monotonic() - last_sync >= 1.0:
                     self.sync()
+                    self.one_client_each()
                     last_sync = time.monotonic()
             except Exception:  # noqa: BLE001 - the monitor must keep running
                 log.exception("lease monitor round failed")

@@ -253,7 +253,8 @@ def serve_main(args: argparse.Namespace) -> int:
 
         mps = MpsManager(mps_mode(args, backend.name), args.mps_dir or Path(socket_path).parent / "mps")
         leases = LeaseManager(manager, gpus, hostname=api.hostname, mps=mps, simulated=backend.name == "simulated",
-                              native_grace_s=args.native_grace, **dp)
+                              native_grace_s=args.native_grace,
+                              gpu_processes=lambda: {u: s.processes for u, s in sampler.latest().items()}, **dp)
         try:
             leases.restore()
         except StateWriteError as e:
