@@ -392,3 +392,52 @@ def test_native_over_ssh_forwards_sigterm_and_records_remote_pid(node, cfg, ssh_
             p.wait()
     assert p.returncode == 42, err
     assert out.strip() == "got SIGTERM" and "released lease" in err
+
+
+def test_gpuctld_shutdown_ends_native_processes_that_ignore_sigterm(tmp_path):
+    d = start_daemon(tmp_path, gpus=1, extra_args=["--native-grace", "1"])
+    prog = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                             "signal.SIG_IGN); print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
+    try:
+        prog.stdout.readline()
+        with uds_client(d.socket_path) as c:
+            gen = c.get("/v1/slices").json()["generation"]
+            sid = next(iter(daemon_slices(d.socket_path)))
+            c.post("/v1/assign", json={"request_id": "g", "generation": gen, "moves": [
+                {"slice_id": sid, "from": "unassigned", "to": "research"}]})
+            lease = c.post("/v1/leases", json={"request_id": "n", "department": "research", "owner": "t@h",
+                                               "ttl_s": 60, "gpus": 1, "attach": "native"}).json()
+            assert lease["memory_quota_bytes"] == MEMORY_TOTAL_BYTES and lease["compute_share"] == 1.0
+            assert c.post(f"/v1/leases/{lease['lease']['id']}/processes",
+                          json={"pids": [prog.pid]}).status_code == 200
+        t0 = time.monotonic()
+        assert d.stop() == 0
+        assert prog.wait(5) == -signal.SIGKILL  # SIGTERM ignored: killed after the 1 s grace, before exit
+        assert time.monotonic() - t0 < 10
+        assert f"lease {lease['lease']['id']}: process {prog.pid} still runs 1 s after SIGTERM: SIGKILL" in d.stderr_text()
+    finally:
+        if prog.poll() is None:
+            prog.kill()
+            prog.wait()
+        d.stop()
+
+
+def test_done_when_against_the_demo_fleet(tmp_path):
+    """Issue 10's Done-when, literally: `gpuctl run --native --dept research --gpus 0.25 -- python -c
+    "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"` prints a GPU UUID against the demo fleet."""
+    from gpuctl.demo import start_demo_fleet
+
+    fleet = start_demo_fleet(nodes=2, gpus=8, seed=0, root=tmp_path)
+    try:
+        r = run_cli("--config", str(fleet.config_path), "run", "--native", "--dept", "research", "--gpus", "0.25",
+                    "--", sys.executable, "-c", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])")
+        assert r.code == 0, r.stderr
+        uuid = r.stdout.strip()
+        import re
+
+        assert re.fullmatch(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", uuid), uuid
+        quarter = [s for s in daemon_slices(fleet.nodes[1].socket).values()
+                   if s["department"] == "research" and s["fraction"] == 0.25]
+        assert [s["gpu_uuid"] for s in quarter] == [uuid]  # the GPU of the slice it leased (sim-02 GPU 6)
+    finally:
+        fleet.stop()

@@ -439,7 +439,7 @@ class LeaseManager:
                       "endpoint": endpoint, "attach": f"tcp://{endpoint}?lease={lease_id}&token={token.hex()}"
                       if endpoint else None, "attach_kind": req.attach, "gpu_index": gpu_index,
                       "gpu_uuid": gpu_uuid, "device_uuid": device_uuid, "mps": mps_daemon is not None,
-                      "warnings": warnings}
+                      "warnings": warnings, "memory_quota_bytes": quota, "compute_share": share}
             if req.attach == "native":
                 from gpuctl.daemon.native import native_env
 
@@ -564,12 +564,27 @@ class LeaseManager:
         give back its GPU's MPS daemon."""
         lid = live.lease.id
         if live.attach == "native" and reason == "released":
-            pass  # its client ends its own program; a release says the program has ended
+            live.handle.gone.set()  # its client ends its own program; a release says the program has ended
+        elif live.attach == "native":
+            self._stop_native(live.handle, lid, reason)
         else:
             self._stop_worker(live.handle, lid, reason)
         if live.mps and self.mps is not None:
-            self.mps.release(live.gpu_uuid, lid)
+            if live.attach == "native" and not live.handle.gone.is_set():
+                # quit the GPU's MPS daemon only once the lease's processes are gone (off the lock)
+                def release_later(handle: Any = live.handle, gpu: str = live.gpu_uuid) -> None:
+                    handle.gone.wait(self.native_grace_s + 5)
+                    self.mps.release(gpu, lid)
+
+                threading.Thread(target=release_later, daemon=True, name=f"gpuctld-mps-{lid}").start()
+            else:
+                self.mps.release(live.gpu_uuid, lid)
         self._remember_ending(lid, reason)
+
+    def _stop_native(self, handle: Any, lease_id: str, reason: str) -> None:
+        """SIGTERM a native lease's processes (SIGKILL after the grace); at daemon shutdown, wait."""
+        n = handle.stop(wait=reason == "daemon stopped")
+        log.info("lease %s: %d native process(es) signalled (%s)", lease_id, n, reason)
 
     def end(self, lease_id: str, reason: str) -> dict[str, Any]:
         """End a lease: stop its worker (first), then free its slices (drained moves applied).
@@ -607,9 +622,7 @@ class LeaseManager:
         except Exception as e:  # noqa: BLE001 - a worker that will not stop is killed by stop(); log the rest
             log.error("lease %s: stopping worker pid %s failed: %s", lease_id, handle.pid, e)
             rc = None
-        if getattr(handle, "endpoint", "") is None:  # a native lease: its processes got SIGTERM
-            log.info("lease %s: %d native process(es) signalled (%s, status %s)", lease_id, rc or 0, reason, rc)
-        elif died and reason not in ("expired",):
+        if died and reason not in ("expired",):
             log.warning("lease %s: worker pid %s had exited by itself (status %s)%s", lease_id, handle.pid, rc,
                         _stderr_tail(handle))
         else:
@@ -874,6 +887,9 @@ class LeaseManager:
         d["mps"] = bool(live and live.mps)
         d["warnings"] = list(live.warnings or []) if live else []
         d["pids"] = live.handle.pids() if live and live.attach == "native" else None
+        held = [slices[sid] for sid in lease.slice_ids if sid in slices]
+        d["memory_quota_bytes"] = sum(s.memory_quota_bytes for s in held)  # what the lease has (not the card)
+        d["compute_share"] = min(1.0, sum(s.compute_share for s in held))
         if live:
             d["heartbeat_s"], d["expires_s"] = live.lease.heartbeat_s, live.lease.expires_s
         stats = live.handle.stats() if live and hasattr(live.handle, "stats") else None

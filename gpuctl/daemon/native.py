@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,6 +132,7 @@ class NativeHandle:
     run_dir: Any = None
     endpoint: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    gone: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def alive(self) -> bool:
         """Always True: a native lease lives by its heartbeats (its client releases it when the
@@ -167,19 +169,24 @@ class NativeHandle:
             items = list(self.processes.items())
         return [p for p, start in items if proc_start_time(p) == start]
 
-    def stop(self, timeout_s: float | None = None) -> int:
+    def stop(self, timeout_s: float | None = None, *, wait: bool = False) -> int:
         """End the lease's processes and their descendants: SIGTERM now, SIGKILL after grace_s to
-        those still running (on a background thread: the caller does not wait). Returns how many
-        processes got SIGTERM."""
+        those still running (on a background thread, unless `wait`: then this returns when all
+        are gone, grace_s + a moment at most, e.g. at daemon shutdown). Returns how many
+        processes got SIGTERM. :meth:`gone` is set when none is left."""
         targets = self._targets()
         for pid, _ in targets:
             _signal(pid, signal.SIGTERM)
-        if targets:
-            log.info("lease %s: SIGTERM to %s; SIGKILL after %g s to those left", self.lease_id,
-                     ", ".join(str(p) for p, _ in targets), self.grace_s)
-            t = threading.Timer(self.grace_s, self._kill_left, args=(targets,))
-            t.daemon = True
-            t.start()
+        if not targets:
+            self.gone.set()
+            return 0
+        log.info("lease %s: SIGTERM to %s; SIGKILL after %g s to those left", self.lease_id,
+                 ", ".join(str(p) for p, _ in targets), self.grace_s)
+        if wait:
+            self._kill_left(targets)
+        else:
+            threading.Thread(target=self._kill_left, args=(targets,), daemon=True,
+                             name=f"gpuctld-native-{self.lease_id}").start()
         return len(targets)
 
     def _targets(self) -> list[tuple[int, int]]:
@@ -192,11 +199,20 @@ class NativeHandle:
         return out
 
     def _kill_left(self, targets: list[tuple[int, int]]) -> None:
-        for pid, start in targets:
-            if proc_start_time(pid) == start and not _is_zombie(pid):
-                log.warning("lease %s: process %d still runs %g s after SIGTERM: SIGKILL", self.lease_id, pid,
-                            self.grace_s)
-                _signal(pid, signal.SIGKILL)
+        def left() -> list[int]:
+            return [pid for pid, start in targets if proc_start_time(pid) == start and not _is_zombie(pid)]
+
+        deadline = time.monotonic() + self.grace_s
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in left():
+            log.warning("lease %s: process %d still runs %g s after SIGTERM: SIGKILL", self.lease_id, pid,
+                        self.grace_s)
+            _signal(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 2.0
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.gone.set()
 
 
 def _is_zombie(pid: int) -> bool:
