@@ -48,6 +48,16 @@ def test_one_daemon_per_gpu_started_with_first_lease_stopped_with_last(tmp_path,
     assert m.release(GPU_B, "lease-3") is False  # already stopped by close: nothing twice
 
 
+def test_daemon_left_by_a_killed_gpuctld_is_quit_before_a_new_one_starts(tmp_path, fake):
+    old = MpsManager("auto", tmp_path / "mps")
+    d = old.acquire(GPU_A, "lease-1", 0)  # then gpuctld is killed -9: close() never runs
+    new = MpsManager("auto", tmp_path / "mps")
+    assert new.acquire(GPU_A, "lease-2", 0).pipe_dir == d.pipe_dir
+    assert [(c["argv"], c["stdin"]) for c in calls(fake)] == [(["-d"], ""), ([], "quit\n"), (["-d"], "")]
+    assert (d.pipe_dir / "control").exists()
+    new.close()
+
+
 def test_another_uid_on_the_gpu_is_refused_not_left_hanging(tmp_path, fake):
     m = MpsManager("auto", tmp_path / "mps")
     m.acquire(GPU_A, "lease-1", 1000)

@@ -183,6 +183,10 @@ class MpsManager:
             raise MpsError(f"{where}: {self.program} not found on PATH (install the NVIDIA driver's MPS tools)")
         for p in (pipe_dir, log_dir):
             p.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if (pipe_dir / "control").exists():  # left by a gpuctld that was killed: it serves nobody now
+            log.warning("GPU %s: an MPS control daemon left in %s by a former gpuctld: quitting it first",
+                        gpu_uuid, pipe_dir)
+            self._stop(MpsDaemon(gpu_uuid=gpu_uuid, pipe_dir=pipe_dir, log_dir=log_dir, uid=uid))
         try:
             proc = subprocess.run([exe, "-d"], env=self._env(gpu_uuid, pipe_dir, log_dir), stdin=subprocess.DEVNULL,
                                   capture_output=True, timeout=START_TIMEOUT_S)
