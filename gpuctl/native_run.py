@@ -50,14 +50,16 @@ def remote_command(command: list[str], env: dict[str, str], cwd: str | None) -> 
     """The shell command line run on the node for `command` (argv) with `env` in `cwd`.
 
     ``env K=V... sh -c OUTER gpuctl-native DIR CMD...``: OUTER enters DIR (126 when it cannot)
-    and starts an inner ``sh`` in the background with stdin /dev/null; the inner sh writes
-    ``gpuctl-native-pid <its pid>`` to stderr, then execs CMD (so that pid is CMD's, and the line
-    comes before anything CMD writes); OUTER waits and exits with CMD's status (128 + N when
-    signal N killed it), which sshd reports as the channel's exit status. Every word is quoted.
+    and runs an inner ``sh`` in the foreground with stdin /dev/null (not as a background job: a
+    non-interactive shell starts those with SIGINT ignored, and a forwarded Ctrl-C would be lost);
+    the inner sh writes ``gpuctl-native-pid <its pid>`` to stderr, then execs CMD (so that pid is
+    CMD's, and the line comes before anything CMD writes); OUTER then exits with CMD's status
+    (128 + N when signal N killed it: ``exit $?`` keeps the shell from exec'ing the last command,
+    whose death by a signal sshd would report as exit-signal, which paramiko does not read). Every
+    word is quoted.
     """
     inner = 'echo "gpuctl-native-pid $$" >&2; exec "$@"'
-    outer = (f'cd -- "$1" || exit 126; shift; sh -c {shlex.quote(inner)} gpuctl-native "$@" </dev/null & '
-             'wait $!')
+    outer = f'cd -- "$1" || exit 126; shift; sh -c {shlex.quote(inner)} gpuctl-native "$@" </dev/null; exit $?'
     words = ["env", *(f"{k}={v}" for k, v in sorted(env.items())), "sh", "-c", outer, "gpuctl-native",
              cwd or ".", *command]
     return " ".join(shlex.quote(w) for w in words)

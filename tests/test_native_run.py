@@ -342,6 +342,9 @@ def test_remote_command_is_one_shell_line_that_keeps_every_word():
     assert p.stdout == "1 2 $Z /tmp\n" and p.returncode == 9
     assert subprocess.run(["sh", "-c", remote_command(["true"], {}, "/no/such/dir")],
                           capture_output=True).returncode == 126
+    killed = subprocess.run(["sh", "-c", remote_command(["sh", "-c", "kill -TERM $$"], {}, None)],
+                            capture_output=True)
+    assert killed.returncode == 128 + signal.SIGTERM  # an exit status, never a death by signal of the shell
 
 
 @pytest.fixture(scope="module")
@@ -372,6 +375,44 @@ def test_native_over_ssh_env_output_and_exit_status(node, cfg, ssh_node, tmp_pat
     assert "released lease" in r.stderr
     r = run_cli(*ssh_node, "run", "--native", "--dept", "research", "--gpus", "0.25", "--", "no-such-command-xyz")
     assert r.code == 127 and "not found" in r.stderr and "released lease" in r.stderr
+
+
+KEYBOARD = textwrap.dedent("""
+    import os, time
+    print("ready", os.getpid(), flush=True)
+    try:
+        time.sleep(60)
+    except KeyboardInterrupt:  # Python's own SIGINT handler: no handler set by the program
+        print("KeyboardInterrupt", flush=True)
+        raise SystemExit(42)
+""")
+
+
+@pytest.mark.sshd
+def test_native_over_ssh_ctrl_c_reaches_a_plain_python_program(node, cfg, ssh_node):
+    """A forwarded SIGINT must not be lost to a shell that ignores it for background jobs."""
+    p = gpuctl(*ssh_node, "run", "--native", "--dept", "research", "--gpus", "0.25", "--",
+               sys.executable, "-c", KEYBOARD)
+    try:
+        word, pid = p.stdout.readline().split()
+        assert word == "ready"
+        assert wait_for(lambda: leases(node) and leases(node)[0]["pids"] == [int(pid)], 10), leases(node)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 42, err
+    assert out.strip() == "KeyboardInterrupt" and "released lease" in err
+
+
+@pytest.mark.sshd
+def test_native_over_ssh_status_of_a_program_killed_by_a_signal(node, cfg, ssh_node):
+    r = run_cli(*ssh_node, "run", "--native", "--dept", "research", "--gpus", "0.25", "--",
+                sys.executable, "-c", "import os; os.kill(os.getpid(), 9)")
+    assert r.code == 137, r.stderr  # 128 + 9, as for a local child
+    assert "connection" not in r.stderr and "released lease" in r.stderr
 
 
 @pytest.mark.sshd
