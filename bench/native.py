@@ -89,15 +89,17 @@ def client_oom(args: argparse.Namespace) -> None:
 
     free, total = torch.cuda.mem_get_info()
     blocks = []
-    oom = None
+    oom = error = None
     try:
         while len(blocks) < 1024:  # 1 TiB: no GPU has that, so the loop ends with OOM
             blocks.append(torch.empty(GiB, dtype=torch.uint8, device="cuda"))
             blocks[-1].fill_(1)
     except torch.OutOfMemoryError as e:
         oom = str(e).splitlines()[0][:300]
+    except RuntimeError as e:  # not the error PyTorch should raise: recorded as such
+        error = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
     print(json.dumps({"mem_get_info_free_bytes": free, "mem_get_info_total_bytes": total,
-                      "allocated_gib_at_oom": len(blocks), "out_of_memory": oom,
+                      "allocated_gib_at_oom": len(blocks), "out_of_memory": oom, "other_error": error,
                       "quota_bytes": int(os.environ.get("GPUCTL_MEMORY_QUOTA_BYTES", "0")),
                       "env": {k: v for k, v in os.environ.items() if k.startswith(("CUDA_", "GPUCTL_"))}}), flush=True)
 
