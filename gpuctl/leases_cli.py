@@ -473,6 +473,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         heartbeat.start()
         rc = proc.wait()
         rc = rc if rc >= 0 else 128 - rc
+        heartbeat.stopped.set()
+        if heartbeat.revoked is None and heartbeat.lost is None:
+            # CMD may have ended because of a revoke the heartbeat has not seen yet (the node ends a
+            # native lease's processes, a remote lease's worker, at once): ask now
+            try:
+                fleet.clients[node].heartbeat_lease(lease_id)
+            except NodeError as e:
+                if e.code == "lease_revoked":
+                    heartbeat.revoked = str(e)
         if heartbeat.revoked is not None:
             _err(f"gpuctl run: lease {lease_id} on {node} was revoked ({heartbeat.revoked}); CMD ended with exit "
                  f"status {rc}; exiting {int(ExitCode.LEASE_REVOKED)} (LEASE_REVOKED)")
@@ -496,7 +505,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 fleet.clients[node].release_lease(lease_id)
                 _err(f"released lease {lease_id} on {node}")
             except NodeError as e:
-                if e.code != "unknown_lease":
+                if e.code not in ("unknown_lease", "lease_revoked"):
                     _err(f"could not release lease {lease_id} on {node}: {e} (it ends at its ttl, "
                          f"{args.ttl:g} s)")
         fleet.close()

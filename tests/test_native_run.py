@@ -220,7 +220,7 @@ def test_revoked_run_ends_cmd_and_exits_8(node, cfg, native):
     script = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
               "print('ready', os.getpid(), flush=True); time.sleep(60)")
     p = gpuctl("--config", cfg, "run", *(["--native"] if native else []), "--dept", "research", "--gpus", "0.25",
-               "--ttl", "1", "--grace", "1", "--", sys.executable, "-c", script)
+               "--ttl", "4", "--grace", "1", "--", sys.executable, "-c", script)
     sids: list[str] = []
     try:
         word, pid = p.stdout.readline().split()
@@ -239,13 +239,39 @@ def test_revoked_run_ends_cmd_and_exits_8(node, cfg, native):
     assert "was revoked: a reassignment took its slices (gpuctl reassign --revoke)" in err
     assert "CMD ended with exit status 137; exiting 8 (LEASE_REVOKED)" in err
     assert gone(int(pid))
+    assert "could not release" not in err
+
+
+def test_revoked_native_run_says_so_even_when_the_node_ended_cmd_first(node, cfg):
+    """Default ttl (heartbeat every 10 s): the node's SIGTERM ends CMD long before the next
+    heartbeat; gpuctl still finds out why and exits 8."""
+    script = ("import os, signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); "
+              "print('ready', os.getpid(), flush=True); time.sleep(60)")
+    p = gpuctl("--config", cfg, "run", "--native", "--dept", "research", "--gpus", "0.25", "--",
+               sys.executable, "-c", script)
+    sids: list[str] = []
+    try:
+        word, pid = p.stdout.readline().split()
+        assert wait_for(lambda: leases(node) and leases(node)[0]["pids"] == [int(pid)], 5)
+        t0 = time.monotonic()
+        sids = _revoke(node)
+        out, err = p.communicate(timeout=30)
+        assert time.monotonic() - t0 < 8  # not at the next heartbeat
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        if sids:
+            _give_back(node, sids)
+    assert p.returncode == 8, err
+    assert "CMD ended with exit status 0; exiting 8 (LEASE_REVOKED)" in err and "could not release" not in err
 
 
 def test_native_cmd_ended_by_the_node_when_gpuctl_is_killed(node, cfg):
     """gpuctl killed -9: nobody heartbeats, the lease expires at its ttl and the node ends CMD (SIGTERM)."""
     script = ("import os, signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); "
               "print('ready', os.getpid(), flush=True); time.sleep(60)")
-    p = gpuctl("--config", cfg, "run", "--native", "--dept", "research", "--gpus", "0.25", "--ttl", "1", "--",
+    p = gpuctl("--config", cfg, "run", "--native", "--dept", "research", "--gpus", "0.25", "--ttl", "2", "--",
                sys.executable, "-c", script)
     try:
         word, pid = p.stdout.readline().split()
