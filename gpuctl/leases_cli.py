@@ -359,10 +359,11 @@ class _Heartbeat(threading.Thread):
     """Heartbeats one lease every `interval_s` until stopped; says on stderr when the lease ends."""
 
     def __init__(self, client: Any, lease_id: str, interval_s: float, err: Callable[[str], None],
-                 on_revoked: Callable[[], None] | None = None):
+                 on_revoked: Callable[[], None] | None = None, end_on_loss: bool = False):
         super().__init__(name="gpuctl-heartbeat", daemon=True)
         self.client, self.lease_id, self.interval_s, self.err = client, lease_id, interval_s, err
         self.on_revoked = on_revoked
+        self.end_on_loss = end_on_loss  # native: a program never runs on without its lease
         self.stopped = threading.Event()
         self.lost: str | None = None
         self.revoked: str | None = None  # the node's words when a reassignment revoked the lease
@@ -382,7 +383,9 @@ class _Heartbeat(threading.Thread):
                         if self.on_revoked is not None:
                             self.on_revoked()
                     else:
-                        self.err(f"lease {self.lease_id} ended: {e}")
+                        self.err(f"lease {self.lease_id} ended: {e}" + ("; ending CMD" if self.end_on_loss else ""))
+                        if self.end_on_loss and self.on_revoked is not None:
+                            self.on_revoked()
                     return
                 self.err(f"heartbeat of lease {self.lease_id} failed, retrying: {e}")
 
@@ -469,7 +472,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
             threading.Thread(target=wait_or_kill, args=(proc, args.grace), daemon=True).start()
 
-        heartbeat = _Heartbeat(fleet.clients[node], lease_id, max(0.2, args.ttl / 3), _err, on_revoked=end_cmd)
+        heartbeat = _Heartbeat(fleet.clients[node], lease_id, max(0.2, args.ttl / 3), _err, on_revoked=end_cmd,
+                               end_on_loss=native)
         heartbeat.start()
         rc = proc.wait()
         rc = rc if rc >= 0 else 128 - rc

@@ -508,3 +508,30 @@ def test_done_when_against_the_demo_fleet(tmp_path):
         assert [s["gpu_uuid"] for s in quarter] == [uuid]  # the GPU of the slice it leased (sim-02 GPU 6)
     finally:
         fleet.stop()
+
+
+def test_native_cmd_ended_when_gpuctld_restart_ended_its_lease(tmp_path):
+    """gpuctld killed -9 and restarted: leases found at start-up are ended (the old daemon's
+    record of the program's pid is gone); gpuctl's next heartbeat hears it and ends CMD."""
+    d = start_daemon(tmp_path, gpus=2, seed=4)
+    try:
+        _setup(d.socket_path)
+        cfg = tmp_path / "fleet.toml"
+        cfg.write_text(f'[[node]]\nname = "n1"\ntransport = "local"\nsocket = "{d.socket_path}"\n')
+        p = gpuctl("--config", str(cfg), "run", "--native", "--dept", "research", "--gpus", "0.25", "--ttl", "3",
+                   "--", sys.executable, "-c", HANDLER)
+        try:
+            assert p.stdout.readline().split()[0] == "ready"
+            d.kill9()
+            d.restart()
+            out, err = p.communicate(timeout=30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert p.returncode == 42, err
+        assert out.strip() == "got SIGTERM"
+        assert "ended at start-up" in d.stderr_text() or "ended: " in err
+        assert "; ending CMD" in err
+    finally:
+        d.stop()
