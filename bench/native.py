@@ -324,6 +324,9 @@ def main() -> None:
         res["mps_processes_left_after_gpuctld_stopped"] = left
         res["finished_s"] = time.time()
         out.write_text(json.dumps(res, indent=2))
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)  # the gpuctld log's tail is in the JSON
     print()
     print(f"{'figure':40} {'value':>22} {'target':>10}")
     if "oom" in res:
