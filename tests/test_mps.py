@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+from pathlib import Path
 
 import pytest
 
@@ -235,16 +236,17 @@ def test_gpuctld_refuses_native_lease_of_another_uid_on_a_gpu_serving_one(tmp_pa
     lease time naming both uids, never left hanging; after root's lease ends, nobody gets one."""
     import subprocess
 
+    import shutil
+    import tempfile
+
     nobody = pwd.getpwnam("nobody").pw_uid
     bin_dir, _ = install_fake_mps(tmp_path)
-    d = start_daemon(tmp_path, gpus=1, extra_args=["--mps", "auto"], env={"PATH": path_with(bin_dir)})
-    opened: list[tuple[str, int]] = []
+    # a directory of our own that nobody may traverse (never loosen pytest's shared base directory)
+    base = Path(tempfile.mkdtemp(prefix="gpuctl-mps04-", dir="/tmp"))
+    os.chmod(base, 0o711)
+    d = start_daemon(base, gpus=1, extra_args=["--mps", "auto"], env={"PATH": path_with(bin_dir)})
     try:
-        for parent in d.socket_path.parents:  # let nobody reach the socket (restored below)
-            mode = os.stat(parent).st_mode
-            if not mode & 0o001:
-                opened.append((str(parent), mode))
-                os.chmod(parent, mode | 0o001)
+        os.chmod(d.socket_path.parent, 0o711)
         os.chmod(d.socket_path, 0o666)
         _give(d.socket_path, "research", fraction_split=4)
         mine = _grant(d.socket_path, gpus=0.25, attach="native")
@@ -272,9 +274,8 @@ def test_gpuctld_refuses_native_lease_of_another_uid_on_a_gpu_serving_one(tmp_pa
         with uds_client(d.socket_path) as c:
             c.delete(f"/v1/leases/{answer['lease']['id']}")
     finally:
-        for path, mode in opened:
-            os.chmod(path, mode)
         d.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_grant_refuses_unknown_attach_kind(tmp_path):
