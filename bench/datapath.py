@@ -8,7 +8,9 @@ then N back-to-back products between two synchronizations), small ops (x += 1 on
 10,000 times, then synchronize), scalar round trip (``float(x)`` of a 0-d array) vs a plain TCP
 ping-pong on loopback, 256 MiB host-to-device / device-to-host vs a plain Python TCP stream, and
 fractional leases (2 x 1/2 and 4 x 1/4 on one GPU running the GEMM loop at once) vs one full
-lease. Prints a table and writes JSON (``--out``).
+lease. Prints a table and writes JSON (``--out``). Workers are pinned by the GPU's UUID (as gpuctld
+pins them); fractional leases use an MPS control daemon started here the way gpuctld's MPS manager
+starts it (gpuctl.daemon.mps, ``--mps self``; ``--mps none`` for time-slicing).
 """
 
 from __future__ import annotations
@@ -258,14 +260,33 @@ def bench_transfer(cp: Any, xp_local: Local | None, nbytes: int) -> dict[str, fl
     return {"h2d_bytes_per_s": nbytes / up, "d2h_bytes_per_s": nbytes / down}
 
 
-def bench_fractional(executor: str, gpu: int | None, quota_total: int, n_leases: int, size: int, reps: int,
-                     dtype: str) -> float:
-    """Aggregate products/s of `n_leases` leases of 1/n each running the GEMM loop at once."""
+def gpu_uuid_of(index: int) -> str:
+    """The UUID of NVML GPU `index` (workers are pinned by UUID, never by index)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
+    finally:
+        pynvml.nvmlShutdown()
+    return uuid.decode() if isinstance(uuid, bytes) else uuid
+
+
+def bench_fractional(executor: str, gpu: str | None, quota_total: int, n_leases: int, size: int, reps: int,
+                     dtype: str, mps: Any = None) -> float:
+    """Aggregate products/s of `n_leases` leases of 1/n each running the GEMM loop at once. gpu: its
+    UUID. mps: a gpuctl.daemon.mps.MpsManager: fractional leases (n > 1) are its clients, as
+    gpuctld makes them."""
     from contextlib import ExitStack
 
     with ExitStack() as stack:
+        extra: dict[str, Any] = {}
+        if mps is not None and n_leases > 1 and gpu is not None:
+            daemon = mps.acquire(gpu, f"bench-{n_leases}", os.geteuid())
+            stack.callback(mps.release, gpu, f"bench-{n_leases}")
+            extra["mps_pipe_dir"] = str(daemon.pipe_dir)
         urls = [stack.enter_context(running_worker(quota_bytes=quota_total // n_leases, executor=executor,
-                                                   gpu_index=gpu, compute_share=1.0 / n_leases))[1]
+                                                   gpu_uuid=gpu, compute_share=1.0 / n_leases, **extra))[1]
                 for _ in range(n_leases)]
         conns = [Connection(parse_attach(u)) for u in urls]
         ready = threading.Barrier(n_leases + 1)
@@ -316,11 +337,13 @@ def main() -> None:
     ap.add_argument("--fractional-reps", type=int, default=None,
                     help="GEMM products per lease in the fractional figure (1500 on cupy: seconds long, so start "
                          "skew and the tail of the last lease weigh little; 20 on numpy)")
+    ap.add_argument("--mps", choices=("self", "none"), default="self",
+                    help="fractional leases: self = an MPS daemon started like gpuctld's (default); none = time-sliced")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: gemm,small,rtt,transfer,fractional")
     ap.add_argument("--out", default=None, help="JSON file (default bench/datapath-<executor>.json); the table "
                                                 "goes beside it (.txt)")
     args = ap.parse_args()
-    gpu = args.gpu if args.executor == "cupy" else None
+    gpu = gpu_uuid_of(args.gpu) if args.executor == "cupy" else None
     reps = args.gemm_reps or (400 if args.executor == "cupy" else 3)
     max_gflop = args.gemm_max_gflop if args.gemm_max_gflop is not None else (None if args.executor == "cupy" else 5.0)
     quota = int((args.quota_gib or (100 if args.executor == "cupy" else 4)) * (1 << 30))
@@ -370,7 +393,7 @@ def main() -> None:
         save()
 
     printed: set[str] = set()
-    with running_worker(quota_bytes=quota, executor=args.executor, gpu_index=gpu, ttl_s=3600) as (_, url):
+    with running_worker(quota_bytes=quota, executor=args.executor, gpu_uuid=gpu, ttl_s=3600) as (_, url):
         import gpuctl.remote as cp
 
         cp.attach(url)
@@ -438,10 +461,18 @@ def main() -> None:
         size = 8192 if args.executor == "cupy" else 256
         dtype = "float16" if args.executor == "cupy" else "float32"
         freps = args.fractional_reps or (1500 if args.executor == "cupy" else 20)
+        mps = None
+        if args.executor == "cupy" and args.mps == "self":
+            import tempfile
+
+            from gpuctl.daemon.mps import MpsManager
+
+            mps = MpsManager("required", tempfile.mkdtemp(prefix="gpuctl-bench-mps-"))
         full = bench_fractional(args.executor, gpu, quota, 1, size, freps, dtype)
-        res["fractional"] = {"size": size, "dtype": dtype, "products_per_lease": freps, "full_products_per_s": full}
+        res["fractional"] = {"size": size, "dtype": dtype, "products_per_lease": freps, "full_products_per_s": full,
+                             "mps": args.mps if args.executor == "cupy" else "none"}
         for n in (2, 4):
-            agg = bench_fractional(args.executor, gpu, quota, n, size, freps, dtype)
+            agg = bench_fractional(args.executor, gpu, quota, n, size, freps, dtype, mps)
             res["fractional"][f"{n}x1/{n}"] = {"aggregate_products_per_s": agg, "ratio": agg / full}
             rows.append((f"fractional {n} x 1/{n} ({size}^3 {dtype})", f"{agg:.1f} prod/s", f"full {full:.1f} prod/s",
                          f"{agg / full:.2f}", ">= 0.95"))

@@ -240,6 +240,8 @@ def status_json(snapshot) -> dict[str, Any]:
                 "power_w": s.power_w if s else None,
                 "sm_clock_mhz": s.sm_clock_mhz if s else None,
                 "processes_error": s.processes_error if s else None,
+                "outside_processes": g.outside_processes,
+                "lease_processes": g.lease_processes,
                 "error": s.error if s else None,
                 "slices": [{"id": x.id, "fraction": x.fraction, "department": x.department,
                             "leased": x.leased, "lease_id": x.lease_id,
@@ -291,6 +293,10 @@ def _print_status(snapshot, cfg) -> None:
                 _na(s.power_w if s else None, "{:.0f} W"),
                 slices)
         con.print(t)
+        for g in n.gpus:
+            for p in g.outside_processes or []:
+                con.print(Text(f"GPU {g.identity.index}: outside gpuctl: pid {p['pid']} "
+                               f"({p['user'] or 'user unknown'}), {fmt_bytes(p['memory_used_bytes'])}", style="yellow"))
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -183,7 +183,7 @@ class NodeClient:
 
     def grant_lease(self, *, request_id: str, department: str, owner: str, ttl_s: float,
                     slices: int | None = None, gpus: float | None = None,
-                    slice_ids: list[str] | None = None) -> dict[str, Any]:
+                    slice_ids: list[str] | None = None, attach: str | None = None) -> dict[str, Any]:
         """POST /v1/leases with exactly one of slices / gpus / slice_ids; returns ``{"lease",
         "generation", "token", "endpoint", "attach"}`` (the token is in this answer only).
         NodeError codes: insufficient_slices, wrong_owner, slice_leased, worker_start_failed, ..."""
@@ -195,7 +195,20 @@ class NodeClient:
             body["gpus"] = gpus
         if slice_ids is not None:
             body["slice_ids"] = slice_ids
+        if attach is not None:
+            body["attach"] = attach  # "native": no worker; the answer's "env" pins a program to the slice
         return self.request("POST", "/v1/leases", json=body)
+
+    def record_processes(self, lease_id: str, pids: list[int]) -> dict[str, Any]:
+        """POST /v1/leases/{id}/processes: a native lease's program runs as `pids` on the node;
+        returns ``{"lease_id", "pids"}``. NodeError codes: unknown_process, forbidden, invalid_field."""
+        return self.request("POST", f"/v1/leases/{lease_id}/processes", json={"pids": pids})
+
+    def transport(self) -> Any:
+        """The node's open transport (LocalTransport or SshTransport), opened if need be."""
+        with self._lock:
+            self._http()
+            return self._transport
 
     def heartbeat_lease(self, lease_id: str) -> dict[str, Any]:
         """POST /v1/leases/{id}/heartbeat: ``{"lease_id", "heartbeat_s", "expires_s"}`` (Unix s).

@@ -10,7 +10,8 @@ class ExitCode(IntEnum):
     fleet config (or a theme/state file) is invalid. NOTHING_TO_DO: nothing matched (no idle slice
     to move). PARTIAL: a change applied on some nodes, not all (the output says which). CONFLICT:
     a stale generation, a leased slice, or a refused confirmation. UNREACHABLE: a node needed for
-    the verb could not be reached. INTERRUPTED: Ctrl-C.
+    the verb could not be reached. LEASE_REVOKED: `gpuctl run`'s lease was revoked by a reassignment
+    (CMD was ended). INTERRUPTED: Ctrl-C.
     """
 
     OK = 0
@@ -21,4 +22,5 @@ class ExitCode(IntEnum):
     PARTIAL = 5
     CONFLICT = 6
     UNREACHABLE = 7
+    LEASE_REVOKED = 8
     INTERRUPTED = 130

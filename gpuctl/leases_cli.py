@@ -9,7 +9,11 @@
   comes), heartbeat every ttl/3 in a background thread, release when CMD exits, when gpuctl gets
   SIGINT/SIGTERM (forwarded to CMD first; CMD is waited for) or fails itself, and exit with CMD's
   exit status (128 + N when CMD was killed by signal N). Before CMD starts, gpuctl's own exit codes
-  apply; gpuctl's messages go to stderr, stdout is CMD's alone.
+  apply; gpuctl's messages go to stderr, stdout is CMD's alone. When the lease is revoked
+  (a reassignment with --revoke), CMD gets SIGTERM, then SIGKILL after --grace seconds, gpuctl
+  says so on stderr with the node's reason and exits 8 (LEASE_REVOKED) whatever CMD's status.
+- ``gpuctl run --native ... [--cwd DIR] -- CMD ARGS...``: the same, but CMD runs ON the leased
+  node pinned natively to the slice (GPU UUID, MPS caps): see :mod:`gpuctl.native_run`.
 
 Node choice (no ``--node``): every reachable node's status is read and each node's best lease is
 computed with the daemon's own rule (:mod:`gpuctl.leasing`: smallest total fraction covering the
@@ -19,8 +23,8 @@ that node refuses because another client took the slices meanwhile, the next is 
 
 Exit codes (README): 0 OK; 2 USAGE (bad flags, unknown department or node); 4 NOTHING_TO_DO (no
 idle slices of the department cover the request on one GPU; ``release``: no such lease); 6
-CONFLICT (the slices changed owner or were leased meanwhile); 7 UNREACHABLE; 1 FAILURE (the node
-could not start the lease's worker).
+CONFLICT (the slices changed owner or were leased meanwhile, or MPS on the GPU serves another user);
+7 UNREACHABLE; 1 FAILURE (the node could not start the lease's worker); 8 LEASE_REVOKED (run).
 """
 
 from __future__ import annotations
@@ -89,8 +93,16 @@ def add_lease_verbs(verb: Callable[[str, str], argparse.ArgumentParser]) -> None
     verb("leases", "every lease of the fleet")
     p = verb("run", "lease slices, run a command attached to them, release when it ends")
     _amount_args(p, RUN_DEFAULT_TTL_S)
+    p.add_argument("--native", action="store_true",
+                   help="run CMD on the leased node itself, pinned to the slice (CUDA_VISIBLE_DEVICES=GPU UUID, "
+                        "MPS caps for a fraction): any framework, no gpuctl import")
+    p.add_argument("--cwd", metavar="DIR", help="CMD's working directory (on the node with --native; default: "
+                   "the current directory here, the login directory on an SSH node)")
+    p.add_argument("--grace", type=_ttl, default=CHILD_GRACE_S, metavar="SECONDS",
+                   help=f"seconds between SIGTERM and SIGKILL when CMD must end (default {CHILD_GRACE_S:g})")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
-                   help="the command, after --; it finds the lease in GPUCTL_ATTACH")
+                   help="the command, after --; it finds the lease in GPUCTL_ATTACH (--native: its GPU in "
+                        "CUDA_VISIBLE_DEVICES)")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -106,7 +118,8 @@ def _exit_for(code: str) -> int:
         return ExitCode.UNREACHABLE
     if code == "insufficient_slices":
         return ExitCode.NOTHING_TO_DO
-    if code in ("wrong_owner", "slice_leased", "request_id_reused", "stale_generation", "gpu_missing"):
+    if code in ("wrong_owner", "slice_leased", "request_id_reused", "stale_generation", "gpu_missing",
+                "mps_unavailable"):
         return ExitCode.CONFLICT
     if code in ("invalid_field", "missing_field", "unknown_field", "bad_json"):
         return ExitCode.USAGE
@@ -150,7 +163,7 @@ def choose_nodes(snapshot: Any, dept: str, count: int | None, gpus: float | None
 
 
 def acquire(fleet: Any, *, dept: str, count: int | None, gpus: float | None, node: str | None,
-            ttl_s: float) -> tuple[str, dict[str, Any]]:
+            ttl_s: float, attach: str | None = None) -> tuple[str, dict[str, Any]]:
     """Grant a lease on `node` or on the best-fitting node; returns (node name, grant answer).
 
     Raises LeaseCliError with the exit code: NOTHING_TO_DO when no node has idle slices of `dept`
@@ -182,7 +195,7 @@ def acquire(fleet: Any, *, dept: str, count: int | None, gpus: float | None, nod
         try:
             answer = fleet.clients[name].grant_lease(
                 request_id=f"lease-req-{uuid.uuid4().hex}", department=dept, owner=owner(), ttl_s=ttl_s,
-                slices=count, gpus=gpus)
+                slices=count, gpus=gpus, **({"attach": attach} if attach else {}))
             return name, answer
         except NodeError as e:
             last = e
@@ -215,8 +228,8 @@ def _quota_note(node: str, answer: dict[str, Any]) -> str | None:
 
 def _describe_lease(node: str, lease: dict[str, Any], gpu_index: Any) -> str:
     return (f"lease {lease['id']} on {node}: {len(lease['slice_ids'])} slice(s) of {lease['department']} on GPU "
-            f"{'?' if gpu_index is None else gpu_index} ({', '.join(lease['slice_ids'])}), endpoint "
-            f"{lease.get('endpoint')}, expires {_when(lease['expires_s'])}")
+            f"{'?' if gpu_index is None else gpu_index} ({', '.join(lease['slice_ids'])}), "
+            f"{'endpoint ' + lease['endpoint'] if lease.get('endpoint') else 'native attach'}, expires {_when(lease['expires_s'])}")
 
 
 # --------------------------------------------------------------------------- verbs
@@ -357,11 +370,15 @@ def cmd_renew(args: argparse.Namespace) -> int:
 class _Heartbeat(threading.Thread):
     """Heartbeats one lease every `interval_s` until stopped; says on stderr when the lease ends."""
 
-    def __init__(self, client: Any, lease_id: str, interval_s: float, err: Callable[[str], None]):
+    def __init__(self, client: Any, lease_id: str, interval_s: float, err: Callable[[str], None],
+                 on_revoked: Callable[[], None] | None = None, end_on_loss: bool = False):
         super().__init__(name="gpuctl-heartbeat", daemon=True)
         self.client, self.lease_id, self.interval_s, self.err = client, lease_id, interval_s, err
+        self.on_revoked = on_revoked
+        self.end_on_loss = end_on_loss  # native: a program never runs on without its lease
         self.stopped = threading.Event()
         self.lost: str | None = None
+        self.revoked: str | None = None  # the node's words when a reassignment revoked the lease
 
     def run(self) -> None:
         from gpuctl.client import NodeError
@@ -372,7 +389,15 @@ class _Heartbeat(threading.Thread):
             except NodeError as e:
                 if e.reachable:  # the node answered: the lease is gone (expired, revoked, worker died)
                     self.lost = str(e)
-                    self.err(f"lease {self.lease_id} ended: {e}")
+                    if e.code == "lease_revoked":
+                        self.revoked = str(e)
+                        self.err(f"lease {self.lease_id} was revoked: {e}; ending CMD")
+                        if self.on_revoked is not None:
+                            self.on_revoked()
+                    else:
+                        self.err(f"lease {self.lease_id} ended: {e}" + ("; ending CMD" if self.end_on_loss else ""))
+                        if self.end_on_loss and self.on_revoked is not None:
+                            self.on_revoked()
                     return
                 self.err(f"heartbeat of lease {self.lease_id} failed, retrying: {e}")
 
@@ -399,17 +424,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not command:
         raise _usage("run: give the command after --, e.g. gpuctl run --dept research --gpus 0.25 -- "
                          "python train.py")
+    native = bool(getattr(args, "native", False))
     cfg = _load_config(args)
     _check_args(args, cfg)
     fleet = _fleet(args, cfg)
-    proc: subprocess.Popen | None = None
+    proc: Any = None
     heartbeat: _Heartbeat | None = None
     lease_id = node = None
     old_handlers: dict[int, Any] = {}
     try:
         try:
             node, answer = acquire(fleet, dept=args.dept, count=args.slices, gpus=args.gpus, node=args.node,
-                                   ttl_s=args.ttl)
+                                   ttl_s=args.ttl, attach="native" if native else None)
         except LeaseCliError as e:
             _err(str(e))
             return e.exit_code
@@ -417,19 +443,35 @@ def cmd_run(args: argparse.Namespace) -> int:
         _err(_describe_lease(node, answer["lease"], answer.get("gpu_index")))
         if note := _quota_note(node, answer):
             _err(note)
-        env = dict(os.environ)
-        env["GPUCTL_ATTACH"] = answer["attach"]
-        try:
-            proc = subprocess.Popen(command, env=env)
-        except OSError as e:
-            _err(f"run: cannot start {command[0]!r}: {e.strerror or e}")
-            return 127 if isinstance(e, FileNotFoundError) else 126
+        for warning in answer.get("warnings") or []:
+            _err(f"warning: lease {lease_id}: {warning}")
+        if native:
+            from gpuctl.native_run import NativeStartError, describe_env, record_pid, start_native
+
+            _err(f"native on {node}: {describe_env(answer.get('env') or {})}")
+            try:
+                proc = start_native(cfg.node(node), fleet.clients[node].transport(), answer, command, args.cwd)
+            except NativeStartError as e:
+                _err(f"run: {e}")
+                return e.exit_code
+            except Exception as e:  # noqa: BLE001 - the node's connection failed: said, then released
+                _err(f"run: cannot start {command[0]!r} on {node}: {e}")
+                return ExitCode.UNREACHABLE
+            record_pid(fleet.clients[node], lease_id, proc, _err)
+        else:
+            env = dict(os.environ)
+            env["GPUCTL_ATTACH"] = answer["attach"]
+            try:
+                proc = subprocess.Popen(command, env=env, cwd=args.cwd)
+            except OSError as e:
+                _err(f"run: cannot start {command[0]!r}: {e.strerror or e}")
+                return 127 if isinstance(e, FileNotFoundError) else 126
         sigints = [0]
 
         def forward(signum: int, frame: Any) -> None:
             if signum == signal.SIGINT:
                 sigints[0] += 1
-                if not _forward_sigint(sigints[0]):
+                if getattr(proc, "shares_terminal", True) and not _forward_sigint(sigints[0]):
                     return
             if proc is not None and proc.poll() is None:
                 try:
@@ -439,20 +481,41 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             old_handlers[sig] = signal.signal(sig, forward)
-        heartbeat = _Heartbeat(fleet.clients[node], lease_id, max(0.2, args.ttl / 3), _err)
+        def end_cmd() -> None:
+            from gpuctl.native_run import wait_or_kill
+
+            threading.Thread(target=wait_or_kill, args=(proc, args.grace), daemon=True).start()
+
+        heartbeat = _Heartbeat(fleet.clients[node], lease_id, max(0.2, args.ttl / 3), _err, on_revoked=end_cmd,
+                               end_on_loss=native)
         heartbeat.start()
         rc = proc.wait()
-        return rc if rc >= 0 else 128 - rc
+        rc = rc if rc >= 0 else 128 - rc
+        heartbeat.stopped.set()
+        if heartbeat.revoked is None and heartbeat.lost is None:
+            # CMD may have ended because of a revoke the heartbeat has not seen yet (the node ends a
+            # native lease's processes, a remote lease's worker, at once): ask now
+            try:
+                fleet.clients[node].heartbeat_lease(lease_id)
+            except NodeError as e:
+                if e.code == "lease_revoked":
+                    heartbeat.revoked = str(e)
+        if heartbeat.revoked is not None:
+            _err(f"gpuctl run: lease {lease_id} on {node} was revoked ({heartbeat.revoked}); CMD ended with exit "
+                 f"status {rc}; exiting {int(ExitCode.LEASE_REVOKED)} (LEASE_REVOKED)")
+            return ExitCode.LEASE_REVOKED
+        if getattr(proc, "connection_lost", False):
+            _err(f"gpuctl run: the SSH connection to {node} was lost: CMD's exit status is unknown (the node ends "
+                 f"it when lease {lease_id} expires, within {args.ttl:g} s)")
+            return ExitCode.UNREACHABLE
+        return rc
     finally:
         if heartbeat is not None:
             heartbeat.stopped.set()
         if proc is not None and proc.poll() is None:  # gpuctl itself failed: CMD must not outlive the lease
-            proc.terminate()
-            try:
-                proc.wait(CHILD_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            from gpuctl.native_run import wait_or_kill
+
+            wait_or_kill(proc, args.grace)
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
         if lease_id is not None and node is not None:
@@ -460,7 +523,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 fleet.clients[node].release_lease(lease_id)
                 _err(f"released lease {lease_id} on {node}")
             except NodeError as e:
-                if e.code != "unknown_lease":
+                if e.code not in ("unknown_lease", "lease_revoked"):
                     _err(f"could not release lease {lease_id} on {node}: {e} (it ends at its ttl, "
                          f"{args.ttl:g} s)")
         fleet.close()

@@ -104,6 +104,9 @@ class GpuSample:
     are not processes dropped: see gpuctl.backends.nvml_processes), None if unknown.
     process_memory_used_bytes: GPU memory those processes use (bytes, sum of usedGpuMemory), None
     when unknown or when NVML gives no figure for one of them (never a partial sum).
+    processes: those processes as ``[{"pid": int, "memory_used_bytes": int | None}]`` (usedGpuMemory
+    in bytes, None where NVML says N/A), entries the driver got wrong (pid not a positive process id)
+    dropped; None when the list is unknown. The daemon splits them into lease and outside processes.
     quality_events: count of out-of-range readings dropped from this sample (data-quality events).
     """
 
@@ -122,6 +125,7 @@ class GpuSample:
     processes_error: str | None = None
     error: str | None = None
     quality_events: int = 0
+    processes: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -225,11 +229,20 @@ class Department:
 
 @dataclass
 class GpuStatus:
-    """One GPU as the fleet sees it: identity, latest sample (None before the first) and its slices."""
+    """One GPU as the fleet sees it: identity, latest sample (None before the first) and its slices.
+
+    lease_processes: its GPU processes that belong to a lease (the lease's recorded pids, a remote
+    lease's worker, and their descendants): ``[{"pid", "lease_id", "memory_used_bytes"}]``.
+    outside_processes: the other ones ("outside gpuctl"): ``[{"pid", "user", "memory_used_bytes"}]``
+    (user: login name, or the uid as text, None when the process is not visible to gpuctld). Both
+    None when the process list is unknown (see the sample's processes_error).
+    """
 
     identity: GpuIdentity
     sample: GpuSample | None
     slices: list[Slice] = field(default_factory=list)
+    lease_processes: list[dict[str, Any]] | None = None
+    outside_processes: list[dict[str, Any]] | None = None
 
     @property
     def uuid(self) -> str:
@@ -240,6 +253,8 @@ class GpuStatus:
             "identity": self.identity.to_json(),
             "sample": self.sample.to_json() if self.sample else None,
             "slices": [s.to_json() for s in self.slices],
+            "lease_processes": self.lease_processes,
+            "outside_processes": self.outside_processes,
         }
 
     @classmethod
@@ -248,6 +263,8 @@ class GpuStatus:
             identity=GpuIdentity.from_json(data["identity"]),
             sample=GpuSample.from_json(data["sample"]) if data.get("sample") else None,
             slices=[Slice.from_json(s) for s in data.get("slices", [])],
+            lease_processes=data.get("lease_processes"),
+            outside_processes=data.get("outside_processes"),
         )
 
 

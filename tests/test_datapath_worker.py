@@ -472,7 +472,7 @@ def test_stats_file_written_every_second():
     "kwargs, message",
     [
         ({"executor": "tpu"}, "executor: 'tpu' is not one of numpy, cupy"),
-        ({"executor": "cupy"}, "gpu_index: the cupy executor needs the lease's GPU index"),
+        ({"executor": "cupy"}, "gpu_uuid: the cupy executor needs the lease's GPU UUID"),
         ({"token": b""}, "token: empty lease token"),
         ({"quota_bytes": 0}, "quota_bytes: must be > 0, got 0"),
         ({"compute_share": 1.5}, r"compute_share: must be in \(0, 1\], got 1.5"),

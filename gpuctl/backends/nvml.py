@@ -59,6 +59,7 @@ _U64_NA = 2**64 - 1  # the same for unsigned long long fields
 _MAX_POWER_MW = 5_000_000  # 5 kW: no single GPU draws more; anything above is a bad reading
 _MAX_TEMPERATURE_C = 200
 _MAX_CLOCK_MHZ = 20_000
+_MAX_PID = 4_194_304  # PID_MAX_LIMIT on 64-bit Linux: a larger pid is a driver bug
 
 # Errors after which a memory v2 query is not retried on that GPU (v1 is used instead).
 _V2_UNUSABLE = {
@@ -470,10 +471,10 @@ class NvmlBackend(GpuBackend):
         return out
 
     def _processes(self, gpu: _Gpu) -> dict[str, Any]:
-        """process_count and process_memory_used_bytes of the valid entries of
-        nvmlDeviceGetComputeRunningProcesses (see gpuctl.backends.nvml_processes: entries that are
-        not processes are dropped, never counted or summed, and each adds a quality event), or
-        processes_error saying why the list is unknown."""
+        """process_count, process_memory_used_bytes and processes (``[{"pid", "memory_used_bytes"}]``) of
+        the valid entries of nvmlDeviceGetComputeRunningProcesses (see gpuctl.backends.nvml_processes:
+        entries that are not processes are dropped, never counted or summed, and each adds a quality
+        event), or processes_error saying why the list is unknown."""
         procs = self._query(gpu, "nvmlDeviceGetComputeRunningProcesses", gpu.handle)
         if isinstance(procs, Unavailable):
             if procs.code == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
@@ -481,13 +482,14 @@ class NvmlBackend(GpuBackend):
             else:
                 why = f"process list unavailable ({procs.reason})"
             return {"process_count": None, "processes_error": why}
-        valid = validate_processes(procs)
+        valid = validate_processes(procs, gpu.identity.memory_total_bytes)
         if valid.dropped:
             self._log_once(gpu, "range:processes", logging.WARNING,
                            f"nvmlDeviceGetComputeRunningProcesses listed {valid.dropped} entries that are not "
                            f"processes (pid 0 or 0xFFFFFFFF, impossible memory): dropped")
         return {"process_count": valid.count, "process_memory_used_bytes": valid.memory_used_bytes,
-                "processes_error": None, "quality_events": valid.dropped}
+                "processes_error": None, "quality_events": valid.dropped,
+                "processes": [{"pid": p.pid, "memory_used_bytes": p.used_memory_bytes} for p in valid.processes]}
 
     # ---- shutdown ------------------------------------------------------------------------
 

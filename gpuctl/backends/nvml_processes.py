@@ -65,9 +65,11 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def validate_processes(entries: Iterable[Any]) -> ProcessList:
+def validate_processes(entries: Iterable[Any], memory_total_bytes: int | None = None) -> ProcessList:
     """The valid processes of NVML's process list `entries` (structs with ``pid`` and
-    ``usedGpuMemory`` attributes, as pynvml returns them; SimpleNamespace in tests).
+    ``usedGpuMemory`` attributes, as pynvml returns them; SimpleNamespace in tests). A process
+    whose usedGpuMemory is more than the GPU's `memory_total_bytes` (when known) is kept with its
+    memory N/A (None): the pid is real, the figure is not.
 
     Never raises for a bad entry: it is dropped and counted in :attr:`ProcessList.dropped`.
     """
@@ -85,6 +87,8 @@ def validate_processes(entries: Iterable[Any]) -> ProcessList:
         elif not _is_int(memory) or not 0 <= memory < MEMORY_NOT_AVAILABLE:
             dropped += 1
             continue
+        if memory is not None and memory_total_bytes and memory > memory_total_bytes:
+            memory = None
         if pid in seen:
             continue
         seen.add(pid)

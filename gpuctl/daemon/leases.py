@@ -10,9 +10,13 @@ sha256 of the token (the token itself is shown once, in the grant's answer, and 
 Rules:
 
 - A lease holds idle slices of one department on one GPU (slice choice: :mod:`gpuctl.leasing`).
-  Its worker (``gpuctl.datapath.launcher.start_worker``) sees only that GPU
-  (CUDA_VISIBLE_DEVICES = the GPU's NVML index), with memory quota = sum of the slices'
-  ``memory_quota_bytes`` and compute share = sum of their ``compute_share`` (at most 1).
+  Its worker (``gpuctl.datapath.launcher.start_worker``) sees only that GPU, pinned by UUID
+  (CUDA_VISIBLE_DEVICES = the GPU's UUID, CUDA_DEVICE_ORDER=PCI_BUS_ID; never the NVML index),
+  with memory quota = sum of the slices' ``memory_quota_bytes`` and compute share = sum of their
+  ``compute_share`` (at most 1). A fractional lease uses its GPU's MPS daemon (gpuctl.daemon.mps).
+- A native lease (``attach = "native"``) has no worker: its client runs the program on the node
+  with the grant's ``env`` and records the pids (gpuctl.daemon.native); a revoke, an expiry or
+  shutdown ends those processes (SIGTERM, then SIGKILL after ``native_grace_s``).
 - The worker is started first, then the lease is written (with its endpoint); if the write is
   refused the worker is stopped. A refused grant changes nothing.
 - A worker never outlives its lease: it is stopped on release, expiry (the monitor thread checks
@@ -43,6 +47,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import threading
 import time
 import urllib.parse
@@ -100,6 +105,21 @@ class LeaseEnded(StateError):
     code = "lease_ended"
 
 
+class LeaseRevoked(StateError):
+    """A heartbeat for a lease that a reassignment with ``--revoke`` ended: 410."""
+
+    status = 410
+    code = "lease_revoked"
+
+
+class MpsUnavailable(StateError):
+    """A fractional lease needs MPS on its GPU and cannot have it (``--mps required``, or the
+    GPU's MPS server serves another user): nothing was granted."""
+
+    status = 409
+    code = "mps_unavailable"
+
+
 class WorkerStartFailed(StateError):
     """The data-path worker of a new lease did not start; nothing was granted."""
 
@@ -118,6 +138,16 @@ class GrantRequest:
     slices: int | None = None
     slice_ids: list[str] | None = None
     gpus: float | None = None
+    attach: str = "remote"
+
+
+#: How a lease attaches: "remote" (a data-path worker) or "native" (the client runs its program on
+#: the node, pinned to the slice; see gpuctl.daemon.native).
+ATTACH_KINDS = ("remote", "native")
+#: Why a lease ended when a reassignment with leased=revoke took its slices.
+REVOKED = "revoked: a reassignment took its slices (gpuctl reassign --revoke)"
+#: How many ended leases' reasons are remembered (for the message of a late heartbeat).
+MAX_REMEMBERED_ENDINGS = 1000
 
 
 def parse_grant(data: dict[str, Any]) -> GrantRequest:
@@ -125,9 +155,10 @@ def parse_grant(data: dict[str, Any]) -> GrantRequest:
 
     Fields: request_id (str), department (str), owner (str, "user@host"), ttl_s (seconds,
     MIN_TTL_S..MAX_TTL_S, default DEFAULT_TTL_S), and exactly one of slices (int 1..8), slice_ids
-    (list of slice ids of one GPU) and gpus (GPU-equivalents, 0 < X <= 1).
+    (list of slice ids of one GPU) and gpus (GPU-equivalents, 0 < X <= 1); attach ("remote",
+    the default, or "native").
     """
-    _no_unknown(data, {"request_id", "department", "owner", "ttl_s", "slices", "slice_ids", "gpus"})
+    _no_unknown(data, {"request_id", "department", "owner", "ttl_s", "slices", "slice_ids", "gpus", "attach"})
     rid = _request_id(data)
     dept = _get(data, "department", str, "department")
     if dept.casefold() == UNASSIGNED.casefold():
@@ -145,7 +176,11 @@ def parse_grant(data: dict[str, Any]) -> GrantRequest:
         raise ApiError(400, "missing_field" if not given else "invalid_field",
                        "give exactly one of slices (a count), slice_ids (a list) and gpus (GPU-equivalents)"
                        + (f"; got {', '.join(given)}" if given else ""), given[1] if len(given) > 1 else "slices")
-    req = GrantRequest(request_id=rid, department=dept, owner=owner, ttl_s=float(ttl))
+    attach = data.get("attach", "remote")
+    if attach not in ATTACH_KINDS:
+        raise ApiError(400, "invalid_field", f"attach must be one of {', '.join(ATTACH_KINDS)}, got {attach!r}",
+                       "attach")
+    req = GrantRequest(request_id=rid, department=dept, owner=owner, ttl_s=float(ttl), attach=attach)
     if "slice_ids" in data:
         ids = _get(data, "slice_ids", list, "slice_ids")
         if not ids:
@@ -181,13 +216,21 @@ def _is_number(v: Any) -> bool:
 class LiveLease:
     """A lease with a running worker. lease: the lease with live heartbeat_s/expires_s (Unix s).
     handle: the worker (``gpuctl.datapath.launcher.WorkerHandle``). token_sha256: hex sha256 of
-    the token. request_id: the grant's request id. gpu_index: NVML index of its GPU."""
+    the token. request_id: the grant's request id. gpu_index: NVML index of its GPU (shown, never
+    used to pin). gpu_uuid: its GPU's UUID. attach: "remote" | "native" (handle is then a
+    gpuctl.daemon.native.NativeHandle). mps: True while it uses its GPU's MPS daemon. warnings:
+    what the grant answered as warnings (e.g. time-sliced for want of MPS)."""
 
     lease: Lease
     handle: Any
     token_sha256: str
     request_id: str
     gpu_index: int
+    gpu_uuid: str = ""
+    attach: str = "remote"
+    mps: bool = False
+    warnings: list[str] | None = None
+    fractional: bool = False
 
 
 def format_host(host: str) -> str:
@@ -204,7 +247,13 @@ class LeaseManager:
     user (only when gpuctld is root; None: as gpuctld's own user). hostname: for messages.
     start_worker: the launcher (``gpuctl.datapath.launcher.start_worker`` by default).
     check_interval_s: how often the monitor thread looks for expired leases and dead workers.
-    clock: Unix time, seconds.
+    clock: Unix time, seconds. mps: the node's MPS manager (gpuctl.daemon.mps.MpsManager; None:
+    no MPS). simulated: the backend is simulated (native leases get the MPS variables all the
+    same, computed, so tests and the demo show them). native_grace_s: seconds between SIGTERM and
+    SIGKILL when a native lease's processes are ended. device_uuid: slice id -> MIG device UUID
+    for slices that are MIG devices (native programs are pinned to it instead of the GPU's).
+    gpu_processes: GPU UUID -> the latest sample's process list (GpuSample.processes); with it,
+    the monitor keeps one CUDA process per fractional native lease (:meth:`one_client_each`).
     """
 
     def __init__(
@@ -221,6 +270,11 @@ class LeaseManager:
         check_interval_s: float = 0.2,
         quota_cap: HostMemoryCap | None = None,
         clock: Callable[[], float] = time.time,
+        mps: Any = None,
+        simulated: bool = False,
+        native_grace_s: float = 5.0,
+        device_uuid: dict[str, str] | None = None,
+        gpu_processes: Callable[[], dict[str, list[dict[str, Any]] | None]] | None = None,
     ):
         if executor not in EXECUTORS:
             raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
@@ -244,6 +298,13 @@ class LeaseManager:
         self._live: dict[str, LiveLease] = {}
         self._requests: OrderedDict[str, str] = OrderedDict()
         self._unfinished: set[str] = set()  # leases whose worker stopped but whose state write failed
+        self.mps = mps
+        self.simulated = simulated
+        self.native_grace_s = native_grace_s
+        self.device_uuid = dict(device_uuid or {})
+        self.gpu_processes = gpu_processes
+        self._ended_extra: set[tuple[str, int]] = set()
+        self._endings: OrderedDict[str, str] = OrderedDict()  # lease id -> why it ended
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._orig_status: Callable[[ApiRequest], tuple[int, dict[str, Any]]] | None = None
@@ -302,13 +363,18 @@ class LeaseManager:
 
     # ------------------------------------------------------------------ operations
 
-    def grant(self, req: GrantRequest) -> dict[str, Any]:
-        """Grant a lease: choose idle slices, start the worker, write the lease, answer.
+    def grant(self, req: GrantRequest, caller_uid: int | None = None) -> dict[str, Any]:
+        """Grant a lease: choose idle slices, start the worker (remote attach), write the lease, answer.
 
-        Returns ``{"lease": Lease.to_json(), "generation", "token": hex, "endpoint": "host:port",
-        "attach": "tcp://host:port?lease=ID&token=HEX", "gpu_index": NVML index of its GPU}``.
+        caller_uid: uid of the API peer (the user of a native lease's program; None: unknown,
+        gpuctld's own uid is assumed). Returns ``{"lease": Lease.to_json(), "generation", "token":
+        hex, "endpoint": "host:port" (None for native), "attach": "tcp://host:port?lease=ID&token=HEX"
+        (None for native), "attach_kind": "remote" | "native", "gpu_index": NVML index of its GPU,
+        "gpu_uuid", "device_uuid" (the MIG device UUID for a MIG slice, else the GPU's), "mps": bool
+        (an MPS daemon caps it), "warnings": [str], "env": {name: value} (native: what the program
+        gets, see gpuctl.daemon.native.native_env)}``.
         Raises RequestIdReused, InsufficientSlices, UnknownSlice, WrongOwner, SliceLeased,
-        GpuMissing, InvalidRequest (slice_ids on several GPUs), WorkerStartFailed,
+        GpuMissing, InvalidRequest (slice_ids on several GPUs), MpsUnavailable, WorkerStartFailed,
         StateWriteError; nothing changes when it raises.
         """
         with self._lock:
@@ -322,24 +388,37 @@ class LeaseManager:
                       else self._choose(list(snap.slices.values()), req))
             gpu_uuid = chosen[0].gpu_uuid
             gpu_index = self.gpu_index[gpu_uuid]
+            device_uuid = self.device_uuid.get(chosen[0].id, gpu_uuid) if len(chosen) == 1 else gpu_uuid
             quota = sum(s.memory_quota_bytes for s in chosen)
-            quota, quota_note = self.quota_cap.apply(quota) if self.quota_cap else (quota, None)
+            # the cap bounds host memory a NumPy worker may hold; a native program holds none of it here
+            quota, quota_note = (self.quota_cap.apply(quota) if self.quota_cap and req.attach != "native"
+                                 else (quota, None))
             share = min(1.0, sum(s.compute_share for s in chosen))
+            fractional = sum(s.fraction for s in chosen) < 1.0 - 1e-9 and device_uuid == gpu_uuid
             now = self.clock()
             lease_id = f"lease-{secrets.token_hex(6)}"
             token = secrets.token_bytes(32)
             expires = now + req.ttl_s
+            warnings: list[str] = []
+            mps_daemon = None
+            if fractional and self.mps is not None:
+                uid = caller_uid if req.attach == "native" and caller_uid is not None else self._worker_uid()
+                from gpuctl.daemon.mps import MpsError
+
+                try:
+                    mps_daemon = self.mps.acquire(gpu_uuid, lease_id, uid)
+                except MpsError as e:
+                    raise MpsUnavailable(f"{e}; nothing was leased", field="gpus" if req.gpus is not None
+                                         else "slices") from None
+                if mps_daemon is None and self.mps.mode == "auto" and getattr(self.mps, "last_error", None):
+                    warnings.append(f"time-sliced, without MPS caps: {self.mps.last_error}")
             try:
-                handle = self._start_worker(
-                    lease_id=lease_id, token=token, quota_bytes=quota, compute_share=share,
-                    executor=self.executor, gpu_index=gpu_index, bind=self.bind, port=0,
-                    expires_at_s=expires, run_as_user=self.worker_user)
-            except Exception as e:  # noqa: BLE001 - any launcher failure refuses the grant, cleanly
-                raise WorkerStartFailed(
-                    f"the data-path worker for a lease on GPU {gpu_index} of {self.hostname} did not start: "
-                    f"{type(e).__name__}: {e}; nothing was leased") from e
-            port = handle.endpoint.rsplit(":", 1)[-1]
-            endpoint = f"{format_host(self.advertise)}:{port}"
+                handle, endpoint = self._start_attach(req, lease_id, token, quota, share, gpu_uuid, gpu_index,
+                                                      expires, mps_daemon)
+            except BaseException:
+                if mps_daemon is not None:
+                    self.mps.release(gpu_uuid, lease_id)
+                raise
             lease = Lease(id=lease_id, department=req.department, slice_ids=[s.id for s in chosen],
                           owner=req.owner, ttl_s=req.ttl_s, created_s=now, heartbeat_s=now,
                           expires_s=expires, endpoint=endpoint)
@@ -347,22 +426,75 @@ class LeaseManager:
                 generation = self.state.add_lease(lease)
             except BaseException:
                 self._stop_worker(handle, lease_id, "grant refused")
+                if mps_daemon is not None:
+                    self.mps.release(gpu_uuid, lease_id)
                 raise
             self._live[lease_id] = LiveLease(lease=replace(lease, slice_ids=list(lease.slice_ids)), handle=handle,
                                              token_sha256=hashlib.sha256(token).hexdigest(),
-                                             request_id=req.request_id, gpu_index=gpu_index)
+                                             request_id=req.request_id, gpu_index=gpu_index, gpu_uuid=gpu_uuid,
+                                             attach=req.attach, mps=mps_daemon is not None, warnings=warnings,
+                                             fractional=fractional)
             self._requests[req.request_id] = lease_id
             while len(self._requests) > MAX_REMEMBERED_REQUESTS:
                 self._requests.popitem(last=False)
-            log.info("lease %s granted to %s: %s slices %s on GPU %d (quota %d bytes, compute share %g), "
-                     "worker pid %d at %s, ttl %g s", lease_id, req.owner, req.department,
-                     ", ".join(lease.slice_ids), gpu_index, quota, share, handle.pid, endpoint, req.ttl_s)
-            attach = f"tcp://{endpoint}?lease={lease_id}&token={token.hex()}"
+            log.info("lease %s granted to %s (%s attach): %s slices %s on GPU %d %s (quota %d bytes, compute share "
+                     "%g%s), %s, ttl %g s", lease_id, req.owner, req.attach, req.department, ", ".join(lease.slice_ids),
+                     gpu_index, gpu_uuid, quota, share, ", MPS" if mps_daemon is not None else "",
+                     f"worker pid {handle.pid} at {endpoint}" if endpoint else "no worker", req.ttl_s)
+            for w in warnings:
+                log.warning("lease %s: %s", lease_id, w)
             answer = {"lease": lease.to_json(), "generation": generation, "token": token.hex(),
-                      "endpoint": endpoint, "attach": attach, "gpu_index": gpu_index, "quota_bytes": quota}
+                      "endpoint": endpoint, "attach": f"tcp://{endpoint}?lease={lease_id}&token={token.hex()}"
+                      if endpoint else None, "attach_kind": req.attach, "gpu_index": gpu_index,
+                      "gpu_uuid": gpu_uuid, "device_uuid": device_uuid, "mps": mps_daemon is not None,
+                      "warnings": warnings, "memory_quota_bytes": quota, "compute_share": share,
+                      "quota_bytes": quota}
             if quota_note is not None:
                 answer["quota_cap"] = quota_note
+            if req.attach == "native":
+                from gpuctl.daemon.native import native_env
+
+                pipe = log_dir = None
+                if mps_daemon is not None:
+                    pipe, log_dir = str(mps_daemon.pipe_dir), str(mps_daemon.log_dir)
+                elif self.simulated and self.mps is not None and self.mps.mode == "off":
+                    # no GPU here: the directories a daemon would have, computed, so the demo shows them
+                    pipe, log_dir = (str(p) for p in self.mps.dirs(gpu_uuid))
+                answer["env"] = native_env(device_uuid=device_uuid, quota_bytes=quota, compute_share=share,
+                                           fractional=fractional, pipe_dir=pipe, log_dir=log_dir)
             return answer
+
+    def _worker_uid(self) -> int:
+        if self.worker_user is not None:
+            import pwd
+
+            try:
+                return pwd.getpwnam(self.worker_user).pw_uid
+            except KeyError:
+                pass
+        return os.geteuid()
+
+    def _start_attach(self, req: GrantRequest, lease_id: str, token: bytes, quota: int, share: float,
+                      gpu_uuid: str, gpu_index: int, expires: float, mps_daemon: Any) -> tuple[Any, str | None]:
+        """(handle, endpoint): a data-path worker for remote attach, a NativeHandle for native."""
+        if req.attach == "native":
+            from gpuctl.daemon.native import NativeHandle
+
+            return NativeHandle(lease_id=lease_id, grace_s=self.native_grace_s), None
+        extra: dict[str, Any] = {}
+        if mps_daemon is not None:
+            extra["mps_pipe_dir"] = str(mps_daemon.pipe_dir)
+        try:
+            handle = self._start_worker(
+                lease_id=lease_id, token=token, quota_bytes=quota, compute_share=share,
+                executor=self.executor, gpu_uuid=gpu_uuid, bind=self.bind, port=0,
+                expires_at_s=expires, run_as_user=self.worker_user, **extra)
+        except Exception as e:  # noqa: BLE001 - any launcher failure refuses the grant, cleanly
+            raise WorkerStartFailed(
+                f"the data-path worker for a lease on GPU {gpu_index} ({gpu_uuid}) of {self.hostname} did not "
+                f"start: {type(e).__name__}: {e}; nothing was leased") from e
+        port = handle.endpoint.rsplit(":", 1)[-1]
+        return handle, f"{format_host(self.advertise)}:{port}"
 
     def _choose(self, slices: list[Slice], req: GrantRequest) -> tuple[Slice, ...]:
         pick = best_pick(slices, req.department, self.gpu_index, count=req.slices, gpus=req.gpus)
@@ -407,8 +539,7 @@ class LeaseManager:
         with self._lock:
             live = self._live.get(lease_id)
             if live is None:
-                raise UnknownLease(f"no lease {lease_id!r} on node {self.hostname} (released, expired or "
-                                   f"revoked)", field="lease_id")
+                self._raise_ended(lease_id)
             now = self.clock()
             if now > live.lease.expires_s:
                 self.end(lease_id, "expired")
@@ -427,6 +558,47 @@ class LeaseManager:
             live.lease.expires_s = expires
             return {"lease_id": lease_id, "heartbeat_s": now, "expires_s": expires}
 
+    def _raise_ended(self, lease_id: str) -> None:
+        """Raise LeaseRevoked when `lease_id` was revoked (the reason says by what), else
+        UnknownLease (with the reason when this daemon remembers why it ended)."""
+        why = self._endings.get(lease_id)
+        if why is not None and why.startswith("revoked"):
+            raise LeaseRevoked(f"lease {lease_id} on node {self.hostname} was {why}", field="lease_id")
+        raise UnknownLease(f"no lease {lease_id!r} on node {self.hostname} ("
+                           + (f"it ended: {why}" if why else "released, expired or revoked") + ")", field="lease_id")
+
+    def _remember_ending(self, lease_id: str, reason: str) -> None:
+        self._endings[lease_id] = reason
+        while len(self._endings) > MAX_REMEMBERED_ENDINGS:
+            self._endings.popitem(last=False)
+
+    def _detach(self, live: LiveLease, reason: str) -> None:
+        """Stop what a lease runs (worker, or native processes unless its client released it) and
+        give back its GPU's MPS daemon."""
+        lid = live.lease.id
+        if live.attach == "native" and reason == "released":
+            live.handle.gone.set()  # its client ends its own program; a release says the program has ended
+        elif live.attach == "native":
+            self._stop_native(live.handle, lid, reason)
+        else:
+            self._stop_worker(live.handle, lid, reason)
+        if live.mps and self.mps is not None:
+            if live.attach == "native" and not live.handle.gone.is_set():
+                # quit the GPU's MPS daemon only once the lease's processes are gone (off the lock)
+                def release_later(handle: Any = live.handle, gpu: str = live.gpu_uuid) -> None:
+                    handle.gone.wait(self.native_grace_s + 5)
+                    self.mps.release(gpu, lid)
+
+                threading.Thread(target=release_later, daemon=True, name=f"gpuctld-mps-{lid}").start()
+            else:
+                self.mps.release(live.gpu_uuid, lid)
+        self._remember_ending(lid, reason)
+
+    def _stop_native(self, handle: Any, lease_id: str, reason: str) -> None:
+        """SIGTERM a native lease's processes (SIGKILL after the grace); at daemon shutdown, wait."""
+        n = handle.stop(wait=reason == "daemon stopped")
+        log.info("lease %s: %d native process(es) signalled (%s)", lease_id, n, reason)
+
     def end(self, lease_id: str, reason: str) -> dict[str, Any]:
         """End a lease: stop its worker (first), then free its slices (drained moves applied).
 
@@ -437,13 +609,12 @@ class LeaseManager:
         with self._lock:
             live = self._live.pop(lease_id, None)
             if live is not None:
-                self._stop_worker(live.handle, lease_id, reason)
+                self._detach(live, reason)
             snap_lease = self.state.snapshot().leases.get(lease_id)
             if snap_lease is None:
                 self._unfinished.discard(lease_id)
                 if live is None:
-                    raise UnknownLease(f"no lease {lease_id!r} on node {self.hostname} (released, expired or "
-                                       f"revoked)", field="lease_id")
+                    self._raise_ended(lease_id)
                 return {"released": lease_id, "slice_ids": live.lease.slice_ids, "drained": [],
                         "generation": self.state.generation}
             try:
@@ -480,7 +651,7 @@ class LeaseManager:
             gone = [lid for lid in self._live if lid not in held]
             for lid in gone:
                 live = self._live.pop(lid)
-                self._stop_worker(live.handle, lid, "revoked")
+                self._detach(live, REVOKED)
                 log.info("lease %s ended (revoked by a reassignment)", lid)
             return gone
 
@@ -510,6 +681,52 @@ class LeaseManager:
                 log.error("lease %s: %s", lid, e.message)
         return ended
 
+    def one_client_each(self) -> list[tuple[str, int]]:
+        """Keep one CUDA process per fractional native lease (tests/cases/mps mps-01).
+
+        The MPS memory cap is per client process, and a program's children inherit it: two CUDA
+        processes of one lease would together hold twice the slice's quota. So when the GPU's
+        process list shows more than one process of such a lease (its recorded pids and their
+        descendants), every one but the earliest started gets SIGTERM, and the lease's warnings
+        (GET /v1/leases) and the log say which and why. Returns [(lease id, pid)] ended this round.
+        """
+        if self.gpu_processes is None:
+            return []
+        from gpuctl.daemon.native import proc_start_time
+        from gpuctl.daemon.outside import owner_map
+
+        capped = {lid: live for lid, live in list(self._live.items()) if live.attach == "native" and live.fractional}
+        if not capped:
+            return []
+        owners = owner_map({lid: live.handle.pids() for lid, live in capped.items()})
+        per_lease: dict[str, list[int]] = {}
+        for procs in (self.gpu_processes() or {}).values():
+            for p in procs or ():
+                lid = owners.get(p.get("pid"))
+                if lid is not None and p["pid"] not in per_lease.setdefault(lid, []):
+                    per_lease[lid].append(p["pid"])
+        ended = []
+        for lid, pids in per_lease.items():
+            if len(pids) < 2:
+                continue
+            keep, *extra = sorted(pids, key=lambda pid: (proc_start_time(pid) or 0, pid))
+            for pid in extra:
+                if (lid, pid) in self._ended_extra:
+                    continue
+                self._ended_extra.add((lid, pid))
+                msg = (f"process {pid} was ended: it was a second CUDA process of fractional lease {lid} (process "
+                       f"{keep} is the first); the MPS memory cap holds per process, so two would together use "
+                       f"twice the slice's quota: run one CUDA process per fractional lease")
+                log.warning("lease %s: %s", lid, msg)
+                live = capped[lid]
+                live.warnings = [*(live.warnings or []), msg]
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except OSError as e:
+                    log.info("lease %s: SIGTERM to %d: %s", lid, pid, e)
+                ended.append((lid, pid))
+        return ended
+
     def _monitor(self) -> None:
         last_sync = 0.0
         while not self._stop.wait(self.check_interval_s):
@@ -517,6 +734,7 @@ class LeaseManager:
                 self.check()
                 if time.monotonic() - last_sync >= 1.0:
                     self.sync()
+                    self.one_client_each()
                     last_sync = time.monotonic()
             except Exception:  # noqa: BLE001 - the monitor must keep running
                 log.exception("lease monitor round failed")
@@ -552,7 +770,7 @@ class LeaseManager:
         """POST /v1/leases: validate, then :meth:`grant`; 201 with lease, token, endpoint, attach."""
         req = parse_grant(request.json_object())
         request.note = f"request_id={req.request_id}"
-        answer = self.grant(req)
+        answer = self.grant(req, caller_uid=request.peer.uid)
         request.note += f" lease={answer['lease']['id']}"
         return 201, answer
 
@@ -572,14 +790,55 @@ class LeaseManager:
         return 200, {"lease": self._lease_json(lease, snap.slices)}
 
     def api_heartbeat(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
-        """POST /v1/leases/{id}/heartbeat (body empty or {}): :meth:`heartbeat`."""
+        """POST /v1/leases/{id}/heartbeat (body empty or {}): :meth:`heartbeat`; POST
+        /v1/leases/{id}/processes: :meth:`api_processes`."""
         lease_id, action = self._lease_id(request.path, allow_action=True)
+        if action == "processes":
+            return self.api_processes(request, lease_id)
         if action != "heartbeat":
-            raise ApiError(404, "unknown_path", f"no such path: {request.path} (POST /v1/leases/ID/heartbeat)")
+            raise ApiError(404, "unknown_path", f"no such path: {request.path} (POST /v1/leases/ID/heartbeat "
+                           f"or /v1/leases/ID/processes)")
         if request.body.strip():
             _no_unknown(request.json_object(), set())
         request.note = f"lease={lease_id}"
         return 200, self.heartbeat(lease_id)
+
+    def api_processes(self, request: ApiRequest, lease_id: str) -> tuple[int, dict[str, Any]]:
+        """POST /v1/leases/{id}/processes ``{"pids": [int, ...]}``: record a native lease's
+        processes (live, of the caller's uid). 200 ``{"lease_id", "pids": every pid recorded}``;
+        400 invalid_field (not a native lease, bad pid), 403 (another uid's process), 404
+        (no such process, unknown lease), 410 lease_revoked."""
+        from gpuctl.daemon.native import ProcessRefused
+
+        data = request.json_object()
+        _no_unknown(data, {"pids"})
+        pids = _get(data, "pids", list, "pids")
+        request.note = f"lease={lease_id} pids={pids[:8]}"
+        with self._lock:
+            live = self._live.get(lease_id)
+            if live is None:
+                self._raise_ended(lease_id)
+            assert live is not None
+            if live.attach != "native":
+                raise ApiError(400, "invalid_field", f"lease {lease_id} is a remote-attach lease: only native "
+                               f"leases record processes", "pids")
+            try:
+                recorded = live.handle.register(pids, request.peer.uid)
+            except ProcessRefused as e:
+                raise ApiError(e.status, "invalid_field" if e.status == 400 else
+                               ("forbidden" if e.status == 403 else "unknown_process"), e.message, e.field) from None
+        return 200, {"lease_id": lease_id, "pids": recorded}
+
+    def lease_pids(self) -> dict[str, list[int]]:
+        """Lease id -> the pids it runs on this node now: a remote lease's worker, a native
+        lease's recorded processes (without descendants: see gpuctl.daemon.native)."""
+        out: dict[str, list[int]] = {}
+        for lid, live in list(self._live.items()):
+            if live.attach == "native":
+                out[lid] = live.handle.pids()
+            elif getattr(live.handle, "pid", None):
+                out[lid] = [live.handle.pid]
+        return out
 
     def api_release(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
         """DELETE /v1/leases/{id}: :meth:`end` ("released")."""
@@ -588,15 +847,23 @@ class LeaseManager:
         return 200, self.end(lease_id, "released")
 
     def api_status(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
-        """GET /v1/status, with each slice's ``usage`` and the leases' live expiry."""
+        """GET /v1/status, with each slice's ``usage``, the leases' live expiry, and each GPU's
+        processes split into ``lease_processes`` and ``outside_processes`` (gpuctl.daemon.outside)."""
         assert self._orig_status is not None
         code, body = self._orig_status(request)
         if code != 200:
             return code, body
         usage = self.usage_by_slice()
-        for g in body.get("gpus", []):
+        from gpuctl.daemon.outside import owner_map, split_processes
+
+        gpus = body.get("gpus", [])
+        busy = any((g.get("sample") or {}).get("processes") for g in gpus)
+        owners = owner_map(self.lease_pids()) if busy else {}
+        for g in gpus:
             for s in g.get("slices", []):
                 s["usage"] = usage.get(s["id"])
+            g["lease_processes"], g["outside_processes"] = split_processes(
+                (g.get("sample") or {}).get("processes"), owners)
         live = self.live_leases()
         for lj in body.get("leases", []):
             cur = live.get(lj.get("id"))
@@ -628,6 +895,14 @@ class LeaseManager:
         d["worker_pid"] = live.handle.pid if live else None
         d["worker_alive"] = bool(live and live.handle.alive())
         d["gpu_index"] = live.gpu_index if live else None
+        d["gpu_uuid"] = live.gpu_uuid if live else None
+        d["attach_kind"] = live.attach if live else None
+        d["mps"] = bool(live and live.mps)
+        d["warnings"] = list(live.warnings or []) if live else []
+        d["pids"] = live.handle.pids() if live and live.attach == "native" else None
+        held = [slices[sid] for sid in lease.slice_ids if sid in slices]
+        d["memory_quota_bytes"] = sum(s.memory_quota_bytes for s in held)  # what the lease has (not the card)
+        d["compute_share"] = min(1.0, sum(s.compute_share for s in held))
         if live:
             d["heartbeat_s"], d["expires_s"] = live.lease.heartbeat_s, live.lease.expires_s
         stats = live.handle.stats() if live and hasattr(live.handle, "stats") else None

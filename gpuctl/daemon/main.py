@@ -121,7 +121,23 @@ def build_parser() -> argparse.ArgumentParser:
     observability.add_arguments(p)  # --history, --no-usage, --metrics-listen, --metrics-node
     p.add_argument("--clock-offset-file", metavar="FILE", default=None,
                    help="tests: seconds added to the clock of schedules and audit records, read from FILE")
+    p.add_argument("--mps", choices=("default", "auto", "off", "required"), default="default",
+                   help="CUDA MPS for fractional leases: auto = start one MPS control daemon per GPU holding "
+                        "fractional leases, time-sliced with a warning when it cannot start; required = refuse "
+                        "those leases then; off = never (default: auto with the nvml backend, off with simulated)")
+    p.add_argument("--native-grace", type=_positive_float, default=5.0, metavar="SECONDS",
+                   help="seconds between SIGTERM and SIGKILL when a native lease's processes are ended by a revoke, "
+                        "an expiry or shutdown (default 5)")
+    p.add_argument("--mps-dir", type=Path, default=None, metavar="DIR",
+                   help="where MPS pipe/log directories are made (default: DIR-OF-SOCKET/mps)")
     return p
+
+
+def mps_mode(args: argparse.Namespace, backend_name: str) -> str:
+    """--mps as one of gpuctl.daemon.mps.MPS_MODES: "default" is auto on nvml, off on simulated."""
+    if args.mps != "default":
+        return args.mps
+    return "auto" if backend_name == "nvml" else "off"
 
 
 def datapath_options(args: argparse.Namespace, backend_name: str) -> dict:
@@ -272,7 +288,12 @@ def serve_main(args: argparse.Namespace) -> int:
         quota_cap = HostMemoryCap.from_options(args.numpy_quota_cap_bytes)
         if dp["executor"] == "numpy":
             logging.info("NumPy lease quotas are capped at %d bytes (%s)", quota_cap.cap_bytes, quota_cap.source)
-        leases = LeaseManager(manager, gpus, hostname=api.hostname, quota_cap=quota_cap, **dp)
+        from gpuctl.daemon.mps import MpsManager
+
+        mps = MpsManager(mps_mode(args, backend.name), args.mps_dir or Path(socket_path).parent / "mps")
+        leases = LeaseManager(manager, gpus, hostname=api.hostname, quota_cap=quota_cap, mps=mps,
+                              simulated=backend.name == "simulated", native_grace_s=args.native_grace,
+                              gpu_processes=lambda: {u: s.processes for u, s in sampler.latest().items()}, **dp)
         try:
             leases.restore()
         except StateWriteError as e:
@@ -322,7 +343,7 @@ def serve_main(args: argparse.Namespace) -> int:
         leases.start()
         records.start()
         print(f"gpuctld ready: socket={socket_path} backend={backend.name} gpus={len(gpus)} "
-              f"executor={dp['executor']} datapath={dp['bind']}", file=sys.stderr, flush=True)
+              f"executor={dp['executor']} datapath={dp['bind']} mps={mps.mode}", file=sys.stderr, flush=True)
         while not stop.wait(0.2):
             pass
         name = signal.Signals(received[0]).name if received else "signal"
@@ -334,6 +355,7 @@ def serve_main(args: argparse.Namespace) -> int:
         if ended:
             _say(f"ended {len(ended)} lease(s) and stopped their workers: {', '.join(ended)}")
         extras.stop()
+        mps.close()
         sampler.stop()
         backend.close()
         _say(f"stopped (generation {manager.generation}, socket {socket_path} removed)")

@@ -100,7 +100,7 @@ def start_worker(
     quota_bytes: int,
     compute_share: float,
     executor: str,
-    gpu_index: int | None = None,
+    gpu_uuid: str | None = None,
     bind: str = "127.0.0.1",
     port: int = 0,
     expires_at_s: float,
@@ -108,14 +108,17 @@ def start_worker(
     run_dir: str | None = None,
     tls_cert: str | None = None,
     tls_key: str | None = None,
-    mps: bool | None = None,
+    mps_pipe_dir: str | None = None,
 ) -> WorkerHandle:
     """Start the worker of lease `lease_id` and wait until it listens.
 
     token: the lease token (raw bytes; sent through the stdin pipe, never argv/env). quota_bytes:
     the slices' memory quota (bytes). compute_share: 0..1 of the GPU. executor: "numpy" or "cupy"
-    (cupy needs gpu_index: the worker sees only that GPU through CUDA_VISIBLE_DEVICES; where an MPS
-    daemon runs, or `mps` is True, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = compute_share * 100).
+    (cupy needs gpu_uuid: the worker sees only that GPU, pinned by UUID, never by NVML index:
+    CUDA_VISIBLE_DEVICES=<GPU or MIG device UUID>, CUDA_DEVICE_ORDER=PCI_BUS_ID).
+    mps_pipe_dir: the MPS control daemon gpuctld started for this GPU (gpuctl.daemon.mps); when
+    given, the worker is its client: CUDA_MPS_PIPE_DIRECTORY = it and
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE = compute_share * 100 (cupy only).
     expires_at_s: lease expiry (Unix seconds). run_as_user: drop to this user (needs root).
     run_dir: directory for stats.json and stderr.log (a new temporary one by default).
 
@@ -124,8 +127,8 @@ def start_worker(
     """
     if executor not in ("numpy", "cupy"):
         raise ValueError(f"executor: {executor!r} is not one of numpy, cupy")
-    if executor == "cupy" and gpu_index is None:
-        raise ValueError("gpu_index: the cupy executor needs the lease's GPU index")
+    if executor == "cupy" and not gpu_uuid:
+        raise ValueError("gpu_uuid: the cupy executor needs the lease's GPU UUID")
     if not token:
         raise ValueError("token: empty lease token")
     if quota_bytes <= 0:
@@ -138,11 +141,13 @@ def start_worker(
     os.makedirs(run_dir, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUCTL_ATTACH")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in [_package_root(), env.get("PYTHONPATH", "")] if p)
-    if gpu_index is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(int(gpu_index))
-    if mps is None:
-        mps = os.path.exists(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps") + "/control")
-    if mps and executor == "cupy":
+    for k in [k for k in env if k.startswith("CUDA_MPS_")]:
+        del env[k]  # only the MPS daemon gpuctld started for this GPU, never one inherited
+    if gpu_uuid:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu_uuid)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    if mps_pipe_dir and executor == "cupy":
+        env["CUDA_MPS_PIPE_DIRECTORY"] = str(mps_pipe_dir)
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, round(compute_share * 100)))
     # -P and cwd=run_dir: the daemon's working directory never lands on the worker's sys.path
     argv = [sys.executable, "-P", "-m", "gpuctl.datapath.worker", "--lease-id", lease_id, "--executor", executor,

@@ -12,13 +12,13 @@ from gpuctl.datapath.launcher import WorkerHandle, start_worker
 
 @contextlib.contextmanager
 def running_worker(*, quota_bytes: int = 64 << 20, ttl_s: float = 300.0, executor: str = "numpy",
-                   lease_id: str | None = None, gpu_index: int | None = None, compute_share: float = 1.0,
+                   lease_id: str | None = None, gpu_uuid: str | None = None, compute_share: float = 1.0,
                    **kwargs) -> Iterator[tuple[WorkerHandle, str]]:
     """Start a worker for a fresh lease and yield (handle, attach URL); always stopped afterwards."""
     lease_id = lease_id or f"test-{secrets.token_hex(3)}"
     token = secrets.token_bytes(32)
     handle = start_worker(lease_id=lease_id, token=token, quota_bytes=quota_bytes, compute_share=compute_share,
-                          executor=executor, gpu_index=gpu_index, expires_at_s=time.time() + ttl_s, **kwargs)
+                          executor=executor, gpu_uuid=gpu_uuid, expires_at_s=time.time() + ttl_s, **kwargs)
     scheme = "tls" if kwargs.get("tls_cert") else "tcp"
     url = f"{scheme}://{handle.endpoint}?lease={lease_id}&token={token.hex()}"
     try:

@@ -85,7 +85,8 @@ def slices_text(node: model.NodeStatus, gpu: model.GpuStatus, palette: Palette) 
     """"slices: research ½● · training ½" then, per slice, "#0 ½ research  40.0 GiB  busy
     lease-0001 alice@ws12 expires 00:05:00 UTC · in use 3.1 GiB · 1.2k op/s" (absolute UTC
     times: no clock-relative text; usage only where the daemon reports it, N/A for a missing
-    figure)."""
+    figure); then one "outside gpuctl: pid 4242 bob 1.0 GiB" line per process of the GPU that
+    belongs to no lease."""
     text = Text(end="")
     text.append("slices: ", style=palette.muted)
     text.append_text(slices_cell(gpu.slices, palette))
@@ -114,6 +115,9 @@ def slices_text(node: model.NodeStatus, gpu: model.GpuStatus, palette: Palette) 
             text.append("idle", style=palette.get("slice-idle"))
         if s.pending:
             text.append(f"  → {s.pending.get('to', '?')} when the lease ends", style=palette.warning)
+    for p in gpu.outside_processes or ():
+        text.append(f"\noutside gpuctl: pid {p.get('pid')} {p.get('user') or '(user unknown)'} "
+                    f"{fmt.human_bytes(p.get('memory_used_bytes'))}", style=palette.warning)
     return text
 
 

@@ -251,6 +251,18 @@ class SshTransport:
         finally:
             channel.close()
 
+    def exec_channel(self, command: str) -> paramiko.Channel:
+        """Start `command` on the node on a new exec channel of this connection (no terminal) and
+        return the channel; the caller reads it (recv / recv_stderr / exit_status) and closes it.
+        Raises TransportError when the node cannot be reached or refuses to run it."""
+        channel = self._session()
+        try:
+            self._exec(channel, command)
+        except BaseException:
+            channel.close()
+            raise
+        return channel
+
     def put_file(self, local_path: str | os.PathLike, remote_path: str, mode: int = 0o644) -> int:
         """Copy the local file to `remote_path` on the node over SFTP, then set its mode; returns
         the bytes written (checked against the remote file's size).

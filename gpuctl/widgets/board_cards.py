@@ -55,6 +55,8 @@ def card_parts(view: SliceView, *, selected: bool = False, moving_to: str | None
     top.append((view.label(), "bold"))
     if view.fraction < 1:
         top.append((f" #{view.slice_id.rpartition('/')[2]}", "muted"))
+    if view.outside_processes:
+        top.append((f" ⚠{view.outside_processes} outside", "warning"))
     sm = "SM " + fmt.percent(view.sm_util_pct).rjust(4)
     bottom: list[Part] = [(sm, "muted" if view.sm_util_pct is None else ""), (" ", "")]
     if view.gpu_error:

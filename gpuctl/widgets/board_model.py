@@ -36,6 +36,8 @@ class SliceView:
     too when the node did not list that lease. sm_util_pct: the GPU's SM utilization in the
     latest sample (%), None when N/A. gpu_error: the GPU's error ("lost: ...") or None.
     pending_to: the department a drain-mode move will give it to when its lease ends, else None.
+    outside_processes: how many GPU processes outside gpuctl (no lease's) run on its GPU (0 when
+    none or unknown): the card is marked, since they take memory and SMs from the slices.
     """
 
     slice_id: str
@@ -50,6 +52,7 @@ class SliceView:
     sm_util_pct: float | None = None
     gpu_error: str | None = None
     pending_to: str | None = None
+    outside_processes: int = 0
 
     @property
     def leased(self) -> bool:
@@ -81,13 +84,14 @@ def slice_views(snapshot: model.FleetSnapshot | None) -> list[SliceView]:
             index, uuid = identity.index, identity.uuid
             error = sample.error if sample is not None else None
             util = None if sample is None or error else sample.sm_util_pct
+            outside = len(gpu.outside_processes or ())
             for s in gpu.slices:
                 lease = s.lease_id
                 pending = s.pending
                 # positional, in field order (a third faster than keywords for ~1700 slices)
                 append(view(s.id, name, index, uuid, s.fraction, s.memory_quota_bytes, s.department, lease,
                             owners.get(lease) if lease else None, util, error,
-                            pending.get("to") if pending else None))
+                            pending.get("to") if pending else None, outside))
     return out
 
 
