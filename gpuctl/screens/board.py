@@ -8,7 +8,7 @@ Moving slices, by mouse: drag a card onto another column (a drag of a selected c
 whole selection; shift-click or space selects); by keyboard: arrows move between cards and
 columns, space selects, `m` picks a department from a list. Both ask for confirmation
 (MoveConfirmScreen; leased slices offer drain / revoke / cancel) and then post one message,
-:class:`BoardScreen.MoveRequested`, whose handler sends one gpuctl.reassign.ReassignRequest per
+:class:`BoardScreen.MoveRequested`, whose handler sends one gpuctl.fleet.reassign.ReassignRequest per
 source department through the app's FleetSource (``source.reassign``, the same service as
 `gpuctl reassign`) in a thread worker. Cards show "moving → dst…" until a snapshot shows the new
 owner (then a notification says it is done) or the error is notified. In read-only mode
@@ -38,7 +38,7 @@ from textual.message import Message
 from textual.widgets import Static
 
 from gpuctl import model
-from gpuctl.reassign import ReassignRequest, new_request_id
+from gpuctl.fleet.reassign import ReassignRequest, new_request_id
 from gpuctl.screens.base import GpuctlScreen
 from gpuctl.screens.move_dialog import DepartmentPickerScreen, MoveConfirmScreen
 from gpuctl.widgets.board_cards import CARD_PITCH, CardList, CardMarks, card_text
@@ -91,7 +91,7 @@ class BoardScreen(GpuctlScreen):
 
     class MoveRequested(Message):
         """Move `slice_ids` to department `dst`. sources: (slice id, owning department) pairs as
-        the board saw them; leased: "refuse", "drain" or "revoke" (gpuctl.reassign)."""
+        the board saw them; leased: "refuse", "drain" or "revoke" (gpuctl.fleet.reassign)."""
 
         def __init__(self, slice_ids: tuple[str, ...], sources: tuple[tuple[str, str], ...], dst: str,
                      leased: str = "refuse") -> None:

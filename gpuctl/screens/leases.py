@@ -19,7 +19,7 @@ from textual.widgets import DataTable, Static
 
 from gpuctl import model
 from gpuctl.screens.base import GpuctlScreen
-from gpuctl.widgets import format as fmt
+from gpuctl import format as fmt
 
 #: (column key, label, width of the content in cells; each cell adds a space on either side).
 LEASE_COLUMNS = (

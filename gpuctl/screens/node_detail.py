@@ -30,7 +30,7 @@ from textual.widgets.option_list import Option
 
 from gpuctl import model
 from gpuctl.screens.base import GpuctlScreen
-from gpuctl.widgets import format as fmt
+from gpuctl import format as fmt
 from gpuctl.widgets.fleet_rows import gpu_state, slices_cell
 from gpuctl.widgets.metric_plot import METRICS, WINDOW_S, MetricPlot, metric_runs, metric_value
 from gpuctl.widgets.palette import Palette

@@ -5,8 +5,8 @@ import pytest
 from gpuctl.exit_codes import ExitCode
 from gpuctl.model import (UNASSIGNED, FleetSnapshot, GpuIdentity, GpuSample, GpuStatus, NodeStatus,
                           Slice)
-from gpuctl.reassign import Move, Plan, ReassignError, ReassignRequest, ReassignResult, plan
-from gpuctl.client import NodeError
+from gpuctl.fleet.reassign import Move, Plan, ReassignError, ReassignRequest, ReassignResult, plan
+from gpuctl.fleet.client import NodeError
 
 GiB = 1 << 30
 

@@ -10,14 +10,14 @@ from textual.widgets import DataTable
 
 from gpuctl import model
 from gpuctl.app import GpuctlApp, build_app
-from gpuctl.fleet_source import FROZEN_TIME_S, FleetSourceError, SimulatedFleetSource
+from gpuctl.fleet.simulated import FROZEN_TIME_S, FleetSourceError, SimulatedFleetSource
 from gpuctl.screens.fleet import FleetScreen
 from gpuctl.screens.help import HelpScreen
 from gpuctl.screens.leases import LeasesScreen
 from gpuctl.screens.node_detail import NodeDetailScreen
 from gpuctl.screens.too_small import TooSmallScreen
 from gpuctl.themes import REPO_THEMES_DIR
-from gpuctl.widgets import format as fmt
+from gpuctl import format as fmt
 from gpuctl.widgets.fleet_rows import _wrap_into
 
 SIZE = (120, 40)
@@ -954,7 +954,7 @@ def test_simulated_source_bad_arguments(kwargs, message):
 
 
 def test_fleet_source_and_format_do_not_import_textual():
-    code = "import sys, gpuctl.fleet_source, gpuctl.widgets.format; assert 'textual' not in sys.modules, 'textual'"
+    code = "import sys, gpuctl.fleet.simulated, gpuctl.format; assert 'textual' not in sys.modules, 'textual'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(REPO_THEMES_DIR.parent))
 
 
@@ -999,7 +999,7 @@ def test_bench_console_rejects_bad_arguments():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "bench" / "console.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "console.py"
     spec = importlib.util.spec_from_file_location("bench_console", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
@@ -1363,7 +1363,7 @@ async def test_leases_table_fits_without_a_horizontal_scrollbar_and_rows_align(s
 QUIT_SCRIPT = r"""
 import sys, threading, time
 from gpuctl.app import build_app
-from gpuctl.fleet_source import SimulatedFleetSource
+from gpuctl.fleet.simulated import SimulatedFleetSource
 from gpuctl.themes import REPO_THEMES_DIR
 
 class StuckSource(SimulatedFleetSource):
@@ -1390,7 +1390,7 @@ def test_quit_does_not_wait_for_a_poll_in_flight():
     import time
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     t0 = time.monotonic()
     out = subprocess.run([sys.executable, "-c", QUIT_SCRIPT], cwd=root, capture_output=True, text=True,
                          timeout=60, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
@@ -1431,7 +1431,7 @@ def test_tmux_colon_and_command_in_one_send_keys_opens_the_node():
     import uuid
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     name = f"gpuctl-bar-{uuid.uuid4().hex[:8]}"
     cmd = f"cd {root} && PYTHONPATH={root} TERM=xterm-256color {sys.executable} -m gpuctl.cli demo --seed 3"
     _tmux("new-session", "-d", "-s", name, "-x", "80", "-y", "24", cmd)

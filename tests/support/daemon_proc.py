@@ -33,7 +33,7 @@ from pathlib import Path
 
 import httpx
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Longest socket path used as is (the kernel's limit is 107 bytes).
 MAX_SOCKET_PATH_CHARS = 100
 

@@ -205,7 +205,7 @@ def run_demo(*, nodes: int = 4, gpus: int = 8, seed: int = 0, console: bool = Tr
              write_config: str | None = None) -> int:
     """The `gpuctl demo` verb. write_config: also copy the fleet config there (removed again when
     the demo stops). Returns an ExitCode."""
-    from gpuctl.client import FleetClient, default_transport_factory
+    from gpuctl.fleet.client import FleetClient, default_transport_factory
     from gpuctl.config import load_config
 
     print(f"gpuctl demo: starting {nodes} simulated nodes x {gpus} GPUs ...", file=sys.stderr)

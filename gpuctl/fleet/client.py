@@ -291,9 +291,9 @@ class FleetClient:
         return self.clients[node].history(uuid, since)
 
     def reassign(self, request: Any) -> Any:
-        """Plan and execute a `gpuctl.reassign.ReassignRequest` (blocking); the console's path to
+        """Plan and execute a `gpuctl.fleet.reassign.ReassignRequest` (blocking); the console's path to
         the same service as `gpuctl reassign`. Returns a ReassignResult; raises ReassignError."""
-        from gpuctl.reassign import reassign
+        from gpuctl.fleet.reassign import reassign
 
         return reassign(self, request)
 

@@ -1,5 +1,5 @@
 """`gpuctl lease | leases | release | run` end to end against the demo fleet (real simulated gpuctld
-processes laid out by gpuctl.demo, local transport, NumPy executor)."""
+processes laid out by gpuctl.fleet.demo, local transport, NumPy executor)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from daemon_proc import REPO_ROOT, uds_client
 from fleet_fixtures import daemon_slices, run_cli
 from gpuctl.backends.simulated import MEMORY_TOTAL_BYTES
-from gpuctl.demo import start_demo_fleet
+from gpuctl.fleet.demo import start_demo_fleet
 
 
 @pytest.fixture(scope="module")
@@ -249,7 +249,7 @@ def test_run_over_ssh_leases_through_sshd(tmp_path):
 
 def test_run_releases_and_stops_cmd_when_gpuctl_itself_fails(demo, cfg, monkeypatch, capsys):
     """A crash inside gpuctl while CMD runs: CMD is terminated and the lease released (finally)."""
-    import gpuctl.leases_cli as leases_cli
+    import gpuctl.cli.leases as leases_cli
     from gpuctl.cli import main
 
     started: list[subprocess.Popen] = []

@@ -10,7 +10,7 @@ import numpy as np
 import paramiko
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "support"))
 
 import gpuctl.remote as cp  # noqa: E402
 from gpuctl.datapath.testing import running_worker  # noqa: E402

@@ -22,7 +22,7 @@ from daemon_proc import REPO_ROOT, start_daemon
 from fleet_fixtures import run_cli
 from sshd import SshServer, free_port, sshd_available
 
-from gpuctl.bootstrap import (BootstrapError, BootstrapOptions, build_wheel, check_wheel, node_toml, render_unit,
+from gpuctl.fleet.bootstrap import (BootstrapError, BootstrapOptions, build_wheel, check_wheel, node_toml, render_unit,
                               resolve_target, unit_socket, wait_healthy)
 from gpuctl.config import NodeConfig
 from gpuctl.transport.errors import TransportError
@@ -388,7 +388,7 @@ def test_systemd_steps_start_the_unit_and_wait_for_health(installed, wheel, tmp_
     over the prefix `installed` made: a second bootstrap upgrades in place."""
     import tempfile
 
-    from gpuctl.bootstrap import Bootstrap, Target
+    from gpuctl.fleet.bootstrap import Bootstrap, Target
 
     prefix, first = installed
     assert first.code == 0, first.stderr
@@ -457,7 +457,7 @@ def test_systemd_steps_start_the_unit_and_wait_for_health(installed, wheel, tmp_
 
 
 def test_bootstrap_modules_are_headless():
-    code = "import sys, gpuctl.bootstrap, gpuctl.bootstrap_cli; print('textual' in sys.modules)"
+    code = "import sys, gpuctl.fleet.bootstrap, gpuctl.cli.node; print('textual' in sys.modules)"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "False"

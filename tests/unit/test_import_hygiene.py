@@ -18,11 +18,11 @@ HEADLESS = [
     "gpuctl.daemon.main",
     "gpuctl.daemon.bridge",
     "gpuctl.transport",
-    "gpuctl.client",
-    "gpuctl.reassign",
+    "gpuctl.fleet.client",
+    "gpuctl.fleet.reassign",
     "gpuctl.cli",
-    "gpuctl.demo",
-    "gpuctl.fleet_source",
+    "gpuctl.fleet.demo",
+    "gpuctl.fleet.simulated",
 ]
 
 
@@ -44,6 +44,6 @@ def test_import_linter_contract_is_kept():
     from pathlib import Path
 
     out = subprocess.run([exe], capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).resolve().parent.parent)
+                         cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stdout + out.stderr
     assert "1 kept, 0 broken" in out.stdout

@@ -24,7 +24,7 @@ from gpuctl.transport.ssh import bridge_command
 from gpuctl.transport.sshconfig import SshConfigError, expand_includes, resolve_host
 from gpuctl.transport.sshkeys import KeyLoadError, load_private_key, public_blob
 
-CASE_INCLUDE = Path(__file__).parent / "cases" / "ssh" / "include"
+CASE_INCLUDE = Path(__file__).resolve().parents[1] / "cases" / "ssh" / "include"
 HAVE_SSH = shutil.which("ssh") is not None and shutil.which("ssh-keygen") is not None
 
 

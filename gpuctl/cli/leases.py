@@ -157,7 +157,7 @@ def acquire(fleet: Any, *, dept: str, count: int | None, gpus: float | None, nod
     covering the amount on one GPU (the message lists each node's idle slices), UNREACHABLE,
     CONFLICT, FAILURE (worker did not start), as the node answered.
     """
-    from gpuctl.client import NodeError
+    from gpuctl.fleet.client import NodeError
     from gpuctl.leasing import describe_amount, describe_idle
 
     unreachable: list[str] = []
@@ -288,7 +288,7 @@ def _on_holder(args: argparse.Namespace, action: str) -> tuple[int, str | None, 
     Returns (exit code, node, answer); errors are said on stderr: no such lease (NOTHING_TO_DO, or
     UNREACHABLE when some node could not be asked), or the daemon's refusal."""
     from gpuctl.cli import _err, _fleet, _load_config
-    from gpuctl.client import NodeError
+    from gpuctl.fleet.client import NodeError
 
     cfg = _load_config(args)
     fleet = _fleet(args, cfg)
@@ -352,7 +352,7 @@ class _Heartbeat(threading.Thread):
         self.lost: str | None = None
 
     def run(self) -> None:
-        from gpuctl.client import NodeError
+        from gpuctl.fleet.client import NodeError
 
         while not self.stopped.wait(self.interval_s):
             try:
@@ -379,7 +379,7 @@ def _forward_sigint(count: int) -> bool:
 def cmd_run(args: argparse.Namespace) -> int:
     """`gpuctl run ... -- CMD ARGS`: lease, run CMD attached, release; CMD's exit status."""
     from gpuctl.cli import _err, _fleet, _load_config
-    from gpuctl.client import NodeError
+    from gpuctl.fleet.client import NodeError
 
     command = list(args.command)
     if command and command[0] == "--":

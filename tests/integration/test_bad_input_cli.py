@@ -11,7 +11,7 @@ import pytest
 
 from daemon_proc import start_daemon
 from fleet_fixtures import owners, run_cli
-from gpuctl.client import FleetClient
+from gpuctl.fleet.client import FleetClient
 from gpuctl.config import load_config
 
 CONFIG = """

@@ -434,7 +434,7 @@ def test_split_usage_by_fraction():
 
 
 def test_lease_modules_are_headless():
-    code = ("import sys, gpuctl.leasing, gpuctl.daemon.leases, gpuctl.leases_cli, gpuctl.cli; "
+    code = ("import sys, gpuctl.leasing, gpuctl.daemon.leases, gpuctl.cli.leases, gpuctl.cli; "
             "print('textual' in sys.modules, 'gpuctl.datapath.launcher' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

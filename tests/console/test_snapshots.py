@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from gpuctl.app import build_app
-from gpuctl.fleet_source import SimulatedFleetSource
+from gpuctl.fleet.simulated import SimulatedFleetSource
 from gpuctl.themes import REPO_THEMES_DIR
 
 THEMES = ["gpuctl-dark", "gpuctl-light", "high-contrast"]

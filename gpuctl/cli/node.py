@@ -6,7 +6,7 @@
 NODE_OR_HOST is a node of the fleet config (its SSH settings are used) or an SSH host (alias from
 ~/.ssh/config, address, ``user@host``); the fleet config is read only when it exists (or --config
 names it). Each step is printed on stderr as it runs; stdout carries the ``[[node]]`` snippet to add
-to the fleet config (with ``--json``: the whole report, gpuctl.bootstrap.BootstrapResult.to_json).
+to the fleet config (with ``--json``: the whole report, gpuctl.fleet.bootstrap.BootstrapResult.to_json).
 It changes the node, so it asks on a terminal and never without one: pass ``--yes``; ``--dry-run``
 prints the plan and touches nothing (no SSH connection, no wheel build).
 
@@ -29,7 +29,7 @@ from gpuctl.exit_codes import ExitCode
 
 def add_node_verbs(verb: Callable[[str, str], argparse.ArgumentParser]) -> None:
     """Add ``node bootstrap`` to gpuctl's parser; `verb(name, help)` makes a top-level subparser."""
-    from gpuctl.bootstrap import BACKENDS, DEFAULT_PREFIX
+    from gpuctl.fleet.bootstrap import BACKENDS, DEFAULT_PREFIX
 
     p = verb("node", "node tools: install gpuctld on a node")
     nsub = p.add_subparsers(dest="node_verb", metavar="ACTION", parser_class=type(p), required=True)
@@ -88,7 +88,7 @@ def _print_plan(result, out) -> None:
 
 def cmd_node(args: argparse.Namespace) -> int:
     """`gpuctl node ACTION`: only `bootstrap` exists."""
-    from gpuctl.bootstrap import (Bootstrap, BootstrapError, BootstrapOptions, check_wheel, find_source_dir,
+    from gpuctl.fleet.bootstrap import (Bootstrap, BootstrapError, BootstrapOptions, check_wheel, find_source_dir,
                                   load_unit_template, resolve_target)
     from gpuctl.config import ConfigError
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from daemon_proc import start_daemon
-from gpuctl.client import FleetClient, NodeError
+from gpuctl.fleet.client import FleetClient, NodeError
 from gpuctl.config import DepartmentConfig, FleetConfig, Location, NodeConfig
-from gpuctl.reassign import ReassignRequest, execute, prepare
+from gpuctl.fleet.reassign import ReassignRequest, execute, prepare
 from gpuctl.exit_codes import ExitCode
 
 

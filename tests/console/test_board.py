@@ -1,6 +1,6 @@
 """Department board tests: the board model, the simulated source's reassign, and the board screen
 driven with Textual's Pilot (mouse drags and keyboard) against a SimulatedFleetSource and against
-a real gpuctld reached by gpuctl.client.FleetClient over its Unix socket."""
+a real gpuctld reached by gpuctl.fleet.client.FleetClient over its Unix socket."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from daemon_proc import start_daemon
 
 from gpuctl import model
 from gpuctl.app import GpuctlApp, build_app
-from gpuctl.client import FleetClient
+from gpuctl.fleet.client import FleetClient
 from gpuctl.config import DepartmentConfig, FleetConfig, NodeConfig
-from gpuctl.fleet_source import SimulatedFleetSource
-from gpuctl.reassign import ReassignError, ReassignRequest
+from gpuctl.fleet.simulated import SimulatedFleetSource
+from gpuctl.fleet.reassign import ReassignError, ReassignRequest
 from gpuctl.screens.board import BoardScreen
 from gpuctl.screens.move_dialog import DepartmentPickerScreen, MoveConfirmScreen
 from gpuctl.screens.too_small import TooSmallScreen
 from gpuctl.themes import REPO_THEMES_DIR
-from gpuctl.widgets import format as fmt
+from gpuctl import format as fmt
 from gpuctl.widgets.board_model import (
     SliceView,
     UtilWindow,

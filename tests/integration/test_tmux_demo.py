@@ -15,7 +15,7 @@ import pytest
 pytestmark = [pytest.mark.tmux,
               pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _tmux(*args: str) -> str:

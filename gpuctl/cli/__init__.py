@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from gpuctl import __version__
 from gpuctl.exit_codes import ExitCode
-from gpuctl.widgets.format import human_bytes as fmt_bytes  # noqa: F401 - re-exported for verb modules
+from gpuctl.format import human_bytes as fmt_bytes  # noqa: F401 - re-exported for verb modules
 
 class UsageError(Exception):
     """Bad command-line input; the message names the flag."""
@@ -100,10 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--theme", metavar="NAME", default=argparse.SUPPRESS,
                    help="gpuctl-dark (default), gpuctl-light, high-contrast")
 
-    from gpuctl.leases_cli import add_lease_verbs  # lease, release, leases, run
+    from gpuctl.cli.leases import add_lease_verbs  # lease, release, leases, run
 
     add_lease_verbs(verb)
-    from gpuctl.bootstrap_cli import add_node_verbs  # node bootstrap
+    from gpuctl.cli.node import add_node_verbs  # node bootstrap
 
     add_node_verbs(verb)
     return parser
@@ -175,7 +175,7 @@ def _check_node(cfg, name: str | None) -> None:
 
 
 def _fleet(args: argparse.Namespace, cfg):
-    from gpuctl.client import FleetClient, default_transport_factory
+    from gpuctl.fleet.client import FleetClient, default_transport_factory
     from gpuctl.config import ConfigError
 
     if not cfg.nodes:
@@ -228,7 +228,7 @@ def _print_status(snapshot, cfg) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from gpuctl.widgets.format import memory_label
+    from gpuctl.format import memory_label
 
     colors = {d.name: d.color for d in cfg.departments if d.color}
     con = _console()
@@ -391,7 +391,7 @@ def _print_reassign(result) -> None:
 
 
 def cmd_reassign(args: argparse.Namespace) -> int:
-    from gpuctl.reassign import ReassignRequest, execute, prepare
+    from gpuctl.fleet.reassign import ReassignRequest, execute, prepare
 
     cfg = _load_config(args)
     req = ReassignRequest(
@@ -499,7 +499,7 @@ def cmd_console(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from gpuctl.demo import run_demo
+    from gpuctl.fleet.demo import run_demo
 
     if not args.no_console:
         require_terminal()
@@ -511,10 +511,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 VERBS = {"status": cmd_status, "departments": cmd_departments, "reassign": cmd_reassign,
          "config": cmd_config, "demo": cmd_demo, "console": cmd_console}
 
-from gpuctl.leases_cli import LEASE_VERBS  # noqa: E402 - the lease verbs live in their own module
+from gpuctl.cli.leases import LEASE_VERBS  # noqa: E402 - the lease verbs live in their own module
 
 VERBS.update(LEASE_VERBS)
-from gpuctl.bootstrap_cli import NODE_VERBS  # noqa: E402 - node bootstrap lives in its own module
+from gpuctl.cli.node import NODE_VERBS  # noqa: E402 - node bootstrap lives in its own module
 
 VERBS.update(NODE_VERBS)
 
@@ -542,7 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.CONFIG
     except Exception as exc:  # noqa: BLE001 - map known error kinds to exit codes, else FAILURE
         from gpuctl.config import ConfigError
-        from gpuctl.reassign import ReassignError
+        from gpuctl.fleet.reassign import ReassignError
 
         if isinstance(exc, ConfigError):
             _err(str(exc))
@@ -555,6 +555,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         _err(f"internal error: {type(exc).__name__}: {exc} (set GPUCTL_DEBUG=1 for a traceback)")
         return ExitCode.FAILURE
 
-
-if __name__ == "__main__":
-    sys.exit(main())

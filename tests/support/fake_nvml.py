@@ -32,7 +32,7 @@ from typing import Any
 
 import pynvml
 
-CASES_DIR = Path(__file__).parent / "cases" / "nvml"
+CASES_DIR = Path(__file__).resolve().parents[1] / "cases" / "nvml"
 
 GIB = 2**30
 

@@ -106,7 +106,7 @@ def object_dtype_scenario() -> str:
 
 def test_reply_with_object_dtype_is_refused_not_turned_into_pointers():
     code = ("import sys; sys.path[:0] = [%r, %r]; import test_bad_input_datapath as t; "
-            "print(t.object_dtype_scenario())" % (str(Path(__file__).parent), str(Path(__file__).parents[1])))
+            "print(t.object_dtype_scenario())" % (str(Path(__file__).parent), str(Path(__file__).parents[2])))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, f"client process died with {p.returncode}: {p.stderr[-500:]}"
     assert p.stdout.startswith("WorkerLostError:") and "dtype" in p.stdout

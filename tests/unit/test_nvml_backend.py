@@ -19,7 +19,7 @@ from gpuctl.model import GpuSample
 try:
     from fake_nvml import FakeNvml, load_case
 except ImportError:  # tests/ imported as a package
-    from tests.fake_nvml import FakeNvml, load_case
+    from tests.support.fake_nvml import FakeNvml, load_case
 
 LOGGER = "gpuctl.backends.nvml"
 FIGURES = (

@@ -9,7 +9,7 @@ import pytest
 from textual.color import Color
 
 from gpuctl.app import build_app
-from gpuctl.fleet_source import SimulatedFleetSource
+from gpuctl.fleet.simulated import SimulatedFleetSource
 from gpuctl.themes import (
     DEFAULT_THEME,
     GPUCTL_VARIABLES,
@@ -138,7 +138,7 @@ async def test_theme_arg_and_theme_command_switch_palette():
 
 
 def test_stylesheets_use_variables_not_hex_codes():
-    root = Path(__file__).resolve().parent.parent / "gpuctl"
+    root = Path(__file__).resolve().parents[2] / "gpuctl"
     sheets = list(root.rglob("*.tcss"))
     assert any(p.name == "app.tcss" for p in sheets)
     hex_color = re.compile(r":[^;{}]*#[0-9a-fA-F]{3,8}\b")

@@ -13,7 +13,7 @@ import pytest
 
 from gpuctl import model
 from gpuctl.app import build_app
-from gpuctl.fleet_source import SimulatedFleetSource
+from gpuctl.fleet.simulated import SimulatedFleetSource
 from gpuctl.screens.board import BoardScreen
 from gpuctl.screens.help import HelpScreen
 from gpuctl.screens.leases import LeasesScreen

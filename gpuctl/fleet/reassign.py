@@ -14,7 +14,7 @@ import uuid as uuidlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuctl.client import FleetClient, NodeClient, NodeError
+from gpuctl.fleet.client import FleetClient, NodeClient, NodeError
 from gpuctl.exit_codes import ExitCode
 from gpuctl.model import UNASSIGNED, FleetSnapshot, GpuStatus, Slice
 

@@ -28,7 +28,7 @@ from gpuctl.config import (
     render_config,
 )
 
-CASES = Path(__file__).parent / "cases" / "config"
+CASES = Path(__file__).resolve().parents[1] / "cases" / "config"
 
 FULL = """\
 # the fleet

@@ -1,7 +1,7 @@
 """Where the console gets its data: the FleetSource protocol and an in-process simulated fleet.
 
 Headless (never imports textual). The console (gpuctl/app.py) calls a FleetSource only from
-thread workers, because both methods may block on the network (the real source, gpuctl.client,
+thread workers, because both methods may block on the network (the real source, gpuctl.fleet.client,
 talks to each node's daemon over SSH).
 
 :class:`SimulatedFleetSource` builds a whole fleet in-process from
@@ -57,8 +57,8 @@ class FleetSource(Protocol):
     reason in `error`, never an exception. history(node, uuid, since): the daemon's telemetry
     ring for one GPU, samples with sequence number > `since`, as (cursor, samples) where cursor is
     the sequence number to pass next time (BLOCKING). close(): release connections; idempotent.
-    reassign(request): plan and run a gpuctl.reassign.ReassignRequest, returning a
-    ReassignResult (BLOCKING; raises gpuctl.reassign.ReassignError for an invalid request).
+    reassign(request): plan and run a gpuctl.fleet.reassign.ReassignRequest, returning a
+    ReassignResult (BLOCKING; raises gpuctl.fleet.reassign.ReassignError for an invalid request).
     """
 
     departments: list[model.Department]
@@ -312,9 +312,9 @@ class SimulatedFleetSource:
             return sim.cursor, [dataclasses.replace(s) for seq, s in ring if seq > since]
 
     def reassign(self, request: Any) -> Any:
-        """Run a gpuctl.reassign.ReassignRequest on the simulated fleet, as the daemons would.
+        """Run a gpuctl.fleet.reassign.ReassignRequest on the simulated fleet, as the daemons would.
 
-        Plans with gpuctl.reassign.plan on the current state (no sample is taken), then changes
+        Plans with gpuctl.fleet.reassign.plan on the current state (no sample is taken), then changes
         the in-memory slices: idle slices move; leased ones (only in drain/revoke mode) get
         ``pending = {"to", "request_id"}`` (drain) or have their whole lease ended, releasing all
         its slices and applying their drained moves, then move (revoke). A request id seen before
@@ -323,7 +323,7 @@ class SimulatedFleetSource:
         move). Raises ReassignError for an invalid request (unknown department or node, ...),
         FleetSourceError after close(). Blocks only on the source's lock.
         """
-        from gpuctl.reassign import Move, ReassignError, ReassignResult, new_request_id, plan
+        from gpuctl.fleet.reassign import Move, ReassignError, ReassignResult, new_request_id, plan
 
         request.validate([d.name for d in self.departments])
         with self._lock:
