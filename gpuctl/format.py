@@ -1,4 +1,4 @@
-"""Plain-text formatting of telemetry for the console (no textual import; pure functions).
+"""Plain-text formatting of telemetry for the console and the CLI (no textual import; pure functions).
 
 Bytes in, human units out (binary: KiB, MiB, GiB = 1024**n bytes); N/A (None) is always shown as
 "N/A", never as 0.
@@ -28,6 +28,23 @@ TIB = 1024**4
 def is_na(value: float | int | None) -> bool:
     """True when a figure is N/A: None or NaN."""
     return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def na(value: object, fmt: str = "{}") -> str:
+    """`value` through `fmt` ("{:.0f} W"), or "N/A" when it is N/A (None or NaN): the one N/A rule
+    of the CLI's tables and the console's cells (never a made-up zero)."""
+    return NA if is_na(value) else fmt.format(value)  # type: ignore[arg-type]
+
+
+def fraction_label(fraction: float) -> str:
+    """A slice fraction in ASCII for tables and messages: 1 -> "1", 0.5 -> "1/2", 0.25 -> "1/4",
+    0.125 -> "1/8"; other values as "%g" ("0.3")."""
+    if abs(fraction - 1) < 1e-9:
+        return "1"
+    for d in (2, 4, 8):
+        if abs(fraction * d - round(fraction * d)) < 1e-9:
+            return f"{round(fraction * d)}/{d}"
+    return f"{fraction:g}"
 
 
 def human_bytes(n: int | None) -> str:
@@ -64,17 +81,17 @@ def memory_label(used_bytes: int | None, total_bytes: int | None) -> str:
 
 def percent(value: float | None) -> str:
     """"93%" (rounded), "N/A" for None/NaN."""
-    return NA if is_na(value) else f"{value:.0f}%"
+    return na(value, "{:.0f}%")
 
 
 def temperature(value_c: float | None) -> str:
     """"71°C", "N/A"."""
-    return NA if is_na(value_c) else f"{value_c:.0f}°C"
+    return na(value_c, "{:.0f}°C")
 
 
 def power(value_w: float | None) -> str:
     """"640 W", "N/A"."""
-    return NA if is_na(value_w) else f"{value_w:.0f} W"
+    return na(value_w, "{:.0f} W")
 
 
 def ops_rate(ops_per_s: float | None) -> str:

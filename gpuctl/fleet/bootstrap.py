@@ -53,7 +53,7 @@ MIN_PYTHON = (3, 11)
 UNIT_PATH = "/etc/systemd/system/gpuctld.service"
 #: The unit template: deploy/gpuctld.service of the source tree, else the copy a wheel install puts
 #: in <prefix>/share/gpuctl (pyproject's data-files).
-_SOURCE_UNIT = Path(__file__).resolve().parent.parent / "deploy" / "gpuctld.service"
+_SOURCE_UNIT = Path(__file__).resolve().parents[2] / "deploy" / "gpuctld.service"
 UNIT_TEMPLATE = _SOURCE_UNIT if _SOURCE_UNIT.exists() else Path(sys.prefix) / "share" / "gpuctl" / "gpuctld.service"
 #: The daemon's socket when the unit's ExecStart names none (gpuctl.daemon.paths for root).
 DEFAULT_UNIT_SOCKET = "/run/gpuctld/gpuctld.sock"
@@ -226,7 +226,7 @@ def node_toml(target: Target, prefix: str, socket_path: str | None = None) -> st
 def find_source_dir() -> Path | None:
     """The source tree of the running gpuctl (the directory holding pyproject.toml with name
     "gpuctl" next to the gpuctl package), or None for an installed gpuctl."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         text = (root / "pyproject.toml").read_text(encoding="utf-8")
     except OSError:
@@ -533,7 +533,7 @@ class Bootstrap:
     def _step_build_wheel(self, step: StepReport, wheel_dir: Path) -> str:
         if self.source_dir is None:
             raise BootstrapError(
-                f"cannot build a wheel: the running gpuctl ({Path(__file__).resolve().parent}) is not in a "
+                f"cannot build a wheel: the running gpuctl ({Path(__file__).resolve().parents[1]}) is not in a "
                 "source tree with pyproject.toml; pass --wheel PATH (a gpuctl wheel, e.g. from "
                 "`python -m pip wheel --no-deps -w dist .` in a checkout)", ExitCode.FAILURE, step="build-wheel")
         step.command = f"{sys.executable} -m pip wheel --no-deps -w {wheel_dir} {self.source_dir}"

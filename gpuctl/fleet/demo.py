@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -185,8 +184,12 @@ def start_demo_fleet(nodes: int = 4, gpus: int = 8, seed: int = 0, root: Path | 
 
 
 @contextlib.contextmanager
-def demo_fleet(nodes: int = 4, gpus: int = 8, seed: int = 0) -> Iterator[DemoFleet]:
-    """Context manager around start_demo_fleet that always stops the daemons (also on SIGTERM)."""
+def demo_fleet(nodes: int = 4, gpus: int = 8, seed: int = 0, *,
+               write_config: str | None = None) -> Iterator[DemoFleet]:
+    """Context manager around start_demo_fleet that always stops the daemons (also on SIGTERM,
+    turned into KeyboardInterrupt). write_config: also copy the fleet config there (removed again
+    when the demo stops)."""
+    print(f"gpuctl demo: starting {nodes} simulated nodes x {gpus} GPUs ...", file=sys.stderr)
     fleet = start_demo_fleet(nodes, gpus, seed)
 
     def on_term(signum, frame):  # noqa: ARG001 - signal handler signature
@@ -194,46 +197,29 @@ def demo_fleet(nodes: int = 4, gpus: int = 8, seed: int = 0) -> Iterator[DemoFle
 
     old = signal.signal(signal.SIGTERM, on_term)
     try:
+        if write_config:
+            Path(write_config).write_text(fleet.config_path.read_text(encoding="utf-8"), encoding="utf-8")
+            fleet.extra_files.append(Path(write_config))
         yield fleet
     finally:
         signal.signal(signal.SIGTERM, old)
         fleet.stop()
 
 
-def run_demo(*, nodes: int = 4, gpus: int = 8, seed: int = 0, console: bool = True,
-             readonly: bool = False, theme: str | None = None, json_out: bool = False,
-             write_config: str | None = None) -> int:
-    """The `gpuctl demo` verb. write_config: also copy the fleet config there (removed again when
-    the demo stops). Returns an ExitCode."""
-    from gpuctl.fleet.client import FleetClient, default_transport_factory
-    from gpuctl.config import load_config
-
-    print(f"gpuctl demo: starting {nodes} simulated nodes x {gpus} GPUs ...", file=sys.stderr)
-    with demo_fleet(nodes, gpus, seed) as fleet:
-        cfg = load_config(fleet.config_path)
-        if write_config:
-            Path(write_config).write_text(fleet.config_path.read_text(encoding="utf-8"), encoding="utf-8")
-            fleet.extra_files.append(Path(write_config))
-        if not console:
-            info = {"config": str(fleet.config_path), "nodes": [n.name for n in fleet.nodes],
-                    "pids": [n.proc.pid for n in fleet.nodes]}
-            if json_out:
-                print(json.dumps(info), flush=True)
-            else:
-                print(f"demo fleet running; config: {fleet.config_path}", flush=True)
-                print(f"try: gpuctl --config {fleet.config_path} status    (Ctrl-C stops the demo)",
-                      file=sys.stderr, flush=True)
-            try:
-                while all(n.proc.poll() is None for n in fleet.nodes):
-                    time.sleep(0.5)
-            except KeyboardInterrupt:
-                pass
-            return ExitCode.OK
-        client = FleetClient(cfg, default_transport_factory())
-        try:
-            from gpuctl.cli import run_console
-
-            os.environ.setdefault("GPUCTL_DEMO_CONFIG", str(fleet.config_path))
-            return run_console(client, readonly=readonly, theme=theme, refresh_s=cfg.refresh_s)
-        finally:
-            client.close()
+def serve_without_console(fleet: DemoFleet, *, json_out: bool = False) -> int:
+    """`gpuctl demo --no-console`: print the config path (stdout; JSON with the node names and pids
+    when json_out), then wait until a daemon exits or Ctrl-C/SIGTERM. Returns ExitCode.OK."""
+    info = {"config": str(fleet.config_path), "nodes": [n.name for n in fleet.nodes],
+            "pids": [n.proc.pid for n in fleet.nodes]}
+    if json_out:
+        print(json.dumps(info), flush=True)
+    else:
+        print(f"demo fleet running; config: {fleet.config_path}", flush=True)
+        print(f"try: gpuctl --config {fleet.config_path} status    (Ctrl-C stops the demo)",
+              file=sys.stderr, flush=True)
+    try:
+        while all(n.proc.poll() is None for n in fleet.nodes):
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    return ExitCode.OK
