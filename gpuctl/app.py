@@ -49,7 +49,7 @@ from textual.timer import Timer
 from textual.widgets import Input
 
 from gpuctl import model
-from gpuctl.fleet.simulated import FleetSource
+from gpuctl.fleet.source import FleetSource
 from gpuctl.screens.base import GpuctlScreen
 from gpuctl.screens.fleet import FleetScreen
 from gpuctl.screens.help import HelpScreen

@@ -332,11 +332,11 @@ def prepare(fleet: FleetClient, req: ReassignRequest, snapshot: FleetSnapshot | 
     Raises ReassignError for an invalid request (nothing is contacted then).
     """
     req.validate([d.name for d in fleet.departments])
+    if req.node and req.node not in fleet.clients:
+        raise ReassignError(f"--node: unknown node {req.node!r}")
     if req.request_id is None:
         req.request_id = new_request_id()
     snap = snapshot or fleet.snapshot([req.node] if req.node else None)
-    if req.node and snap.node(req.node) is None:
-        raise ReassignError(f"--node: unknown node {req.node!r}")
     already, done_nodes = recorded_moves(fleet, snap, req)
     p = plan(snap, req, already, done_nodes)
     p.generations = {n.name: n.generation for n in snap.nodes}

@@ -923,15 +923,15 @@ def test_simulated_source_history_cursor_and_errors():
     uuid = snap.nodes[0].gpus[0].uuid
     cursor, samples = src.history("node-01", uuid)
     assert len(samples) == 11
-    assert cursor == 22  # 11 samples x 2 GPUs
+    assert cursor == 11  # the daemon's cursor counts sampling rounds (11 rounds of 2 GPUs)
     src.snapshot()
     cursor2, new = src.history("node-01", uuid, since=cursor)
-    assert cursor2 == 24 and len(new) == 1
+    assert cursor2 == 12 and len(new) == 1
     with pytest.raises(FleetSourceError, match="unknown node 'node-09'"):
         src.history("node-09", uuid)
     with pytest.raises(FleetSourceError, match="node-02: unreachable"):
         src.history("node-02", uuid)
-    with pytest.raises(FleetSourceError, match="node-01: no GPU with UUID 'GPU-x'"):
+    with pytest.raises(FleetSourceError, match="node-01: no GPU 'GPU-x' on this node"):  # the daemon's 404
         src.history("node-01", "GPU-x")
     assert not snap.nodes[1].reachable and snap.nodes[1].error_code == "unreachable"
     src.close()
