@@ -13,16 +13,18 @@ from gpuctl.cli.context import load_config, open_fleet, require_terminal
 from gpuctl.cli.errors import UsageError
 from gpuctl.cli.registry import Verb
 from gpuctl.exit_codes import ExitCode
+from gpuctl.fleet.source import LiveFleetSource
 
 
-def run_console(fleet, *, readonly: bool = False, theme: str | None = None, refresh_s: float = 1.0) -> int:
-    """Open the Textual console on a FleetSource (blocks until the user quits). Raises UsageError
-    for an unknown theme (the message lists the known ones) or without a terminal."""
+def run_console(source, *, readonly: bool = False, theme: str | None = None, refresh_s: float = 1.0) -> int:
+    """Open the Textual console on `source`, a gpuctl.fleet.source.FleetSource (blocks until the
+    user quits). Raises UsageError for an unknown theme (the message lists the known ones) or
+    without a terminal."""
     from gpuctl.app import UnknownThemeError, build_app
 
     require_terminal()
     try:
-        app = build_app(fleet, readonly=readonly, theme=theme, refresh_s=refresh_s)
+        app = build_app(source, readonly=readonly, theme=theme, refresh_s=refresh_s)
     except UnknownThemeError as exc:
         raise UsageError(f"--theme: {exc}") from None
     app.run()
@@ -44,7 +46,7 @@ def cmd_console(args: argparse.Namespace) -> int:
     cfg = load_config(args)
     fleet = open_fleet(args, cfg)
     try:
-        return run_console(fleet, readonly=bool(getattr(args, "readonly", False)),
+        return run_console(LiveFleetSource(fleet), readonly=bool(getattr(args, "readonly", False)),
                            theme=getattr(args, "theme", None) or cfg.theme, refresh_s=cfg.refresh_s)
     finally:
         fleet.close()
@@ -80,7 +82,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         client = FleetClient(cfg, default_transport_factory())
         try:
             os.environ.setdefault("GPUCTL_DEMO_CONFIG", str(fleet.config_path))
-            return run_console(client, readonly=bool(getattr(args, "readonly", False)),
+            return run_console(LiveFleetSource(client), readonly=bool(getattr(args, "readonly", False)),
                                theme=getattr(args, "theme", None), refresh_s=cfg.refresh_s)
         finally:
             client.close()

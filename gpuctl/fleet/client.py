@@ -4,7 +4,8 @@
 (`gpuctl.transport`: SSH to the node's `gpuctld bridge`, or a local Unix socket). `FleetClient`
 fans calls out to every node with a bound on parallelism and a deadline per node: a node that is
 down or slow is reported as unreachable with the reason and never delays the others.
-FleetClient implements the console's `FleetSource` protocol (snapshot, history, departments).
+The console reads it through gpuctl.fleet.source.LiveFleetSource, which adds the reassignment
+service (gpuctl.fleet.reassign) to it.
 """
 
 from __future__ import annotations
@@ -289,13 +290,6 @@ class FleetClient:
     def history(self, node: str, uuid: str, since: int = 0) -> tuple[int, list[GpuSample]]:
         """The daemon's telemetry history of one GPU since a cursor (blocking). Raises NodeError."""
         return self.clients[node].history(uuid, since)
-
-    def reassign(self, request: Any) -> Any:
-        """Plan and execute a `gpuctl.fleet.reassign.ReassignRequest` (blocking); the console's path to
-        the same service as `gpuctl reassign`. Returns a ReassignResult; raises ReassignError."""
-        from gpuctl.fleet.reassign import reassign
-
-        return reassign(self, request)
 
     def close(self) -> None:
         """Close every node's connection and the thread pool."""

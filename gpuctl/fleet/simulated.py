@@ -335,9 +335,11 @@ class SimulatedFleetSource:
         Returns a ReassignResult; raises ReassignError for an invalid request, FleetSourceError
         after close().
         """
+        from gpuctl.fleet.reassign import reassign
+
         with self._lock:
             self._check_open()
-        return self._client.reassign(request)
+        return reassign(self._client, request)
 
     def close(self) -> None:
         """Mark the source closed (later calls raise FleetSourceError) and close the client; idempotent."""

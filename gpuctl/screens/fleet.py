@@ -27,7 +27,6 @@ from rich.text import Text
 
 from gpuctl import model
 from gpuctl.screens.base import GpuctlScreen
-from gpuctl.screens.node_detail import NodeDetailScreen
 from gpuctl.widgets.fleet_rows import FleetRow, Layout, filter_rows, layout_cells, layout_for
 from gpuctl.widgets.fleet_table import FleetTable
 
@@ -257,10 +256,5 @@ class FleetScreen(GpuctlScreen):
     def _open(self, key: str | None) -> None:
         """Open the node of row `key`, showing that row's GPU first."""
         row = self._rows.get(key or "")
-        if row is not None and self.app.open_node(row.node):
-            detail = self.app.screen_stack[-1]
-            if isinstance(detail, NodeDetailScreen) and detail.node_name == row.node and not row.key.startswith("node:"):
-                if detail.is_mounted:
-                    detail.select_gpu(row.key)
-                else:
-                    detail.selected_uuid = row.key
+        if row is not None:
+            self.app.open_node(row.node, None if row.key.startswith("node:") else row.key)

@@ -30,6 +30,7 @@ from textual.widgets.option_list import Option
 
 from gpuctl import model
 from gpuctl.screens.base import GpuctlScreen
+from gpuctl.screens.workers import run_in_daemon_thread
 from gpuctl import format as fmt
 from gpuctl.widgets.fleet_rows import gpu_state, slices_cell
 from gpuctl.widgets.metric_plot import METRICS, WINDOW_S, MetricPlot, metric_runs, metric_value
@@ -226,9 +227,8 @@ class NodeDetailScreen(GpuctlScreen):
 
     @work(exclusive=True, exit_on_error=False, group="history")
     async def _fetch_history(self, uuid: str, since: int) -> None:
-        # the blocking call runs on a daemon thread (gpuctl.app.run_in_daemon_thread): quitting the
+        # the blocking call runs on a daemon thread (gpuctl.screens.workers.run_in_daemon_thread): quitting the
         # console never waits for a history request to a slow node
-        from gpuctl.app import run_in_daemon_thread
 
         try:
             cursor, samples = await run_in_daemon_thread(

@@ -12,6 +12,7 @@ from daemon_proc import start_daemon
 from gpuctl import model
 from gpuctl.app import GpuctlApp, build_app
 from gpuctl.fleet.client import FleetClient
+from gpuctl.fleet.source import LiveFleetSource
 from gpuctl.config import DepartmentConfig, FleetConfig, NodeConfig
 from gpuctl.fleet.simulated import SimulatedFleetSource
 from gpuctl.fleet.reassign import ReassignError, ReassignRequest
@@ -595,7 +596,7 @@ async def test_mouse_drag_moves_the_slice_on_the_daemon(daemon):
         nodes=(NodeConfig(name="n1", host=None, transport="local", socket=str(daemon.socket_path)),),
         departments=(DepartmentConfig("research"), DepartmentConfig("training")),
     )
-    client = FleetClient(config)
+    client = LiveFleetSource(FleetClient(config))
     try:
         with daemon.client() as http:
             before = {s["id"]: s["department"] for s in http.get("/v1/slices").json()["slices"]}
