@@ -21,6 +21,13 @@ UNASSIGNED = "unassigned"
 #: The ways one GPU may be split: number of equal slices (fractions 1, 1/2, 1/4, 1/8).
 ALLOWED_PARTS = (1, 2, 4, 8)
 
+#: What a reassignment does with a leased slice: refuse the request, drain (move the slice when
+#: its lease ends) or revoke (end the lease, then move). The daemon and the admin side both check it.
+LEASED_MODES = ("refuse", "drain", "revoke")
+
+#: Longest request id (reassignment, split, lease grant) accepted, characters.
+MAX_REQUEST_ID_CHARS = 200
+
 
 def slice_id(gpu_uuid: str, k: int) -> str:
     """The stable id of slice `k` (0-based) of the GPU with UUID `gpu_uuid`: ``"<uuid>/<k>"``."""

@@ -16,14 +16,11 @@ from typing import Any
 
 from gpuctl.fleet.client import FleetClient, NodeClient, NodeError
 from gpuctl.exit_codes import ExitCode
+from gpuctl.model import LEASED_MODES, MAX_REQUEST_ID_CHARS
 from gpuctl.model import UNASSIGNED, FleetSnapshot, GpuStatus, Slice
 
 #: Tolerance when summing fractions of slices (fractions are exact binary floats; this is slack).
 _EPS = 1e-9
-#: Longest --request-id, characters (the daemon's limit, gpuctl.daemon.api.MAX_REQUEST_ID_CHARS).
-MAX_REQUEST_ID_CHARS = 200
-
-LEASED_MODES = ("refuse", "drain", "revoke")
 
 
 class ReassignError(Exception):

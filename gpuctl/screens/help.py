@@ -161,12 +161,12 @@ class HelpScreen(GpuctlModal[None]):
     def __init__(self, below: Screen | None = None, *, screen_classes: Sequence[type] = ()):
         super().__init__(id="help")
         self._below = below
-        self._classes = list(screen_classes)
+        self._listed_screens = list(screen_classes)
 
     def _screen_classes(self) -> list[type]:
         """The screen classes whose keys are listed, in order (given by the app: a screen never
         imports another)."""
-        return list(self._classes)
+        return list(self._listed_screens)
 
     def global_rows(self) -> list[tuple[str, str]]:
         """The app's keys (its bindings with a description) and GLOBAL_EXTRA."""
