@@ -11,6 +11,7 @@ from daemon_proc import start_daemon
 
 from gpuctl import model
 from gpuctl.app import GpuctlApp, build_app
+from tests.support.console import make_app
 from gpuctl.fleet.client import FleetClient
 from gpuctl.fleet.source import LiveFleetSource
 from gpuctl.config import DepartmentConfig, FleetConfig, NodeConfig
@@ -36,12 +37,6 @@ SIZE = (120, 40)
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def make_app(source, **kw) -> GpuctlApp:
-    """An app that polls only when told (refresh_s is an hour) and reads only the repo's themes."""
-    kw.setdefault("refresh_s", 3600.0)
-    return build_app(source, theme_dirs=[REPO_THEMES_DIR], **kw)
 
 
 async def settle(app: GpuctlApp, pilot) -> None:

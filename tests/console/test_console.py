@@ -10,6 +10,7 @@ from textual.widgets import DataTable
 
 from gpuctl import model
 from gpuctl.app import GpuctlApp, build_app
+from tests.support.console import make_app
 from gpuctl.fleet.simulated import FROZEN_TIME_S, FleetSourceError, SimulatedFleetSource
 from gpuctl.screens.fleet import FleetScreen
 from gpuctl.screens.help import HelpScreen
@@ -23,12 +24,6 @@ from gpuctl.widgets.fleet_rows import _wrap_into
 SIZE = (120, 40)
 #: Wide enough for the full layout (every column of the fleet table).
 WIDE = (200, 60)
-
-
-def make_app(source: SimulatedFleetSource, **kw) -> GpuctlApp:
-    """An app that polls only when told (refresh_s is an hour) and reads only the repo's themes."""
-    kw.setdefault("refresh_s", 3600.0)
-    return build_app(source, theme_dirs=[REPO_THEMES_DIR], **kw)
 
 
 async def settle(app: GpuctlApp, pilot) -> None:

@@ -43,12 +43,6 @@ timeout_s = 8
 """
 
 
-@pytest.fixture(scope="module")
-def sshd():
-    with SshServer(session_env={"PYTHONPATH": str(REPO_ROOT)}) as server:
-        yield server
-
-
 @pytest.fixture
 def fleet(sshd, tmp_path):
     d1 = start_daemon(tmp_path, gpus=4, seed=21, name="alpha")

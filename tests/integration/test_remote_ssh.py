@@ -21,12 +21,6 @@ pytestmark = pytest.mark.skipif(not sshd_available(), reason="needs /usr/sbin/ss
 
 
 @pytest.fixture(scope="module")
-def sshd():
-    with SshServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def worker():
     with running_worker() as (handle, url):
         yield handle, url

@@ -20,12 +20,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def sshd():
-    with SshServer(session_env={"PYTHONPATH": str(REPO_ROOT)}) as server:
-        yield server
-
-
 @pytest.fixture
 def opened(sshd):
     transports = []

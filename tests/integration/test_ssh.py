@@ -29,12 +29,6 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def sshd():
-    with SshServer(session_env={"PYTHONPATH": str(REPO_ROOT)}) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
     d = start_daemon(tmp_path_factory.mktemp("sshd-daemon"), gpus=2, seed=3)
     try:
