@@ -18,6 +18,7 @@ from gpuctl.cli.output import confirm, console, emit_json, err, fraction_label, 
 from gpuctl.cli.registry import Verb
 from gpuctl.exit_codes import ExitCode
 from gpuctl.format import memory_label, power, temperature
+from gpuctl.model import UNASSIGNED, department_totals
 
 
 def _status_arguments(p: argparse.ArgumentParser) -> None:
@@ -137,26 +138,18 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def departments_json(snapshot, cfg) -> dict[str, Any]:
-    """Per department: GPU-equivalents owned per node, busy (leased) and idle, in config order."""
-    from gpuctl.model import UNASSIGNED
-
-    order = [d.name for d in cfg.departments] + [UNASSIGNED]
-    rows: dict[str, dict[str, Any]] = {
-        name: {"name": name, "priority": (cfg.department(name).priority if cfg.department(name) else None),
-               "gpu_equivalents": 0.0, "busy_gpu_equivalents": 0.0, "slices": 0, "per_node": {}}
-        for name in order}
-    for n in snapshot.nodes:
-        for s in n.slices():
-            r = rows.setdefault(s.department, {"name": s.department, "priority": None, "gpu_equivalents": 0.0,
-                                               "busy_gpu_equivalents": 0.0, "slices": 0, "per_node": {},
-                                               "unknown": True})
-            r["gpu_equivalents"] += s.fraction
-            r["slices"] += 1
-            if s.leased:
-                r["busy_gpu_equivalents"] += s.fraction
-            r["per_node"][n.name] = r["per_node"].get(n.name, 0.0) + s.fraction
+    """Per department (gpuctl.model.department_totals: config order, then departments only the
+    fleet knows, unassigned last): GPU-equivalents owned per node, busy (leased) and in all."""
+    rows = []
+    for t in department_totals(snapshot, [d.name for d in cfg.departments]):
+        dept = cfg.department(t.name)
+        row = {"name": t.name, "priority": dept.priority if dept else None, "gpu_equivalents": t.gpu_equivalents,
+               "busy_gpu_equivalents": t.leased_gpu_equivalents, "slices": t.slices, "per_node": t.per_node}
+        if dept is None and t.name != UNASSIGNED:
+            row["unknown"] = True
+        rows.append(row)
     unreachable = [n.name for n in snapshot.nodes if not n.reachable]
-    return {"departments": list(rows.values()), "unreachable_nodes": unreachable}
+    return {"departments": rows, "unreachable_nodes": unreachable}
 
 
 def cmd_departments(args: argparse.Namespace) -> int:
