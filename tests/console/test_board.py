@@ -10,7 +10,7 @@ import pytest
 from daemon_proc import start_daemon
 
 from gpuctl import model
-from gpuctl.app import GpuctlApp, build_app
+from gpuctl.app import GpuctlApp
 from tests.support.console import make_app
 from gpuctl.fleet.client import FleetClient
 from gpuctl.fleet.source import LiveFleetSource
@@ -20,7 +20,6 @@ from gpuctl.fleet.reassign import ReassignError, ReassignRequest
 from gpuctl.screens.board import BoardScreen
 from gpuctl.screens.move_dialog import DepartmentPickerScreen, MoveConfirmScreen
 from gpuctl.screens.too_small import TooSmallScreen
-from gpuctl.themes import REPO_THEMES_DIR
 from gpuctl import format as fmt
 from gpuctl.widgets.board_model import (
     SliceView,

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from daemon_proc import REPO_ROOT, start_daemon
+from daemon_proc import start_daemon
 from fleet_fixtures import daemon_slices, owners, run_cli
-from sshd import SshServer, sshd_available
+from sshd import sshd_available
 
 pytestmark = [pytest.mark.sshd,
               pytest.mark.skipif(not sshd_available(), reason="needs /usr/sbin/sshd and ssh-keygen")]

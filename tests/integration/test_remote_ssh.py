@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "support")
 import gpuctl.remote as cp  # noqa: E402
 from gpuctl.datapath.testing import running_worker  # noqa: E402
 from gpuctl.remote._connection import AttachError, Connection, parse_attach  # noqa: E402
-from sshd import SshServer, free_port, sshd_available  # noqa: E402
+from sshd import free_port, sshd_available  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not sshd_available(), reason="needs /usr/sbin/sshd and ssh-keygen")
 

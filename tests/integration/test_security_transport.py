@@ -9,38 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from daemon_proc import REPO_ROOT
-from sshd import Node, SshServer, keygen, sshd_available
+from sshd import Node, keygen, sshd_available
+from tests.support.transport import expect_transport_error as _fail
 
-from gpuctl.transport import TransportError, open_transport
 
 pytestmark = [
     pytest.mark.sshd,
     pytest.mark.skipif(not sshd_available(), reason="needs /usr/sbin/sshd and ssh-keygen"),
 ]
-
-
-@pytest.fixture
-def opened(sshd):
-    transports = []
-
-    def _open(node, **options):
-        options.setdefault("ssh_config_path", str(sshd.ssh_config))
-        options.setdefault("known_hosts_path", str(sshd.known_hosts))
-        options.setdefault("use_agent", False)
-        t = open_transport(node, **options)
-        transports.append(t)
-        return t
-
-    yield _open
-    for t in transports:
-        t.close()
-
-
-def _fail(transport) -> TransportError:
-    with pytest.raises(TransportError) as info:
-        transport.http_client().get("/v1/health")
-    return info.value
 
 
 def test_accept_new_does_not_add_a_key_of_another_type_for_a_known_host(sshd, opened, tmp_path):

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from daemon_proc import REPO_ROOT, start_daemon
-from sshd import Node, SshServer, free_port, keygen, sshd_available
+from daemon_proc import start_daemon
+from sshd import Node, free_port, keygen, sshd_available
+from tests.support.transport import expect_transport_error as _fail
 
-from gpuctl.transport import TransportError, open_transport
 from gpuctl.transport.ssh import SshTransport
 
 pytestmark = [
@@ -40,30 +40,6 @@ def daemon(tmp_path_factory):
 @pytest.fixture
 def node(sshd, daemon):
     return Node(name="gpu01", host="test-sshd", socket=str(daemon.socket_path))
-
-
-@pytest.fixture
-def opened():
-    """Open transports through this; all are closed after the test."""
-    transports = []
-
-    def _open(node, sshd, **options):
-        options.setdefault("ssh_config_path", str(sshd.ssh_config))
-        options.setdefault("known_hosts_path", str(sshd.known_hosts))
-        options.setdefault("use_agent", False)
-        t = open_transport(node, **options)
-        transports.append(t)
-        return t
-
-    yield _open
-    for t in transports:
-        t.close()
-
-
-def _fail(transport) -> TransportError:
-    with pytest.raises(TransportError) as info:
-        transport.http_client().get("/v1/health")
-    return info.value
 
 
 def _fingerprint(pub: Path) -> str:
