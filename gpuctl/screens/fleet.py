@@ -101,8 +101,8 @@ class FleetScreen(GpuctlScreen):
         layout = layout_for(event.size.width - SCROLLBAR_CELLS)
         if layout is not self.table_layout:
             self._set_layout(layout)
-            snapshot = self.app.snapshot
-            if snapshot is not None and self.app.palette is not None:
+            snapshot = self.host.snapshot
+            if snapshot is not None and self.host.palette is not None:
                 self.show_snapshot(snapshot)
 
     def _set_layout(self, layout: Layout) -> None:
@@ -213,7 +213,7 @@ class FleetScreen(GpuctlScreen):
         """Filter the rows by `text` without touching the Input (it may already hold newer keys)."""
         self.filter_text = text
         self.filter_input().set_class(bool(text), "-active")
-        snapshot = self.app.snapshot
+        snapshot = self.host.snapshot
         if snapshot is not None:
             self.show_snapshot(snapshot)
 
@@ -257,4 +257,4 @@ class FleetScreen(GpuctlScreen):
         """Open the node of row `key`, showing that row's GPU first."""
         row = self._rows.get(key or "")
         if row is not None:
-            self.app.open_node(row.node, None if row.key.startswith("node:") else row.key)
+            self.host.open_node(row.node, None if row.key.startswith("node:") else row.key)
