@@ -11,7 +11,7 @@ import numpy as np
 
 from gpuctl.datapath.testing import running_worker
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _run(env_extra: dict[str, str]) -> dict:
