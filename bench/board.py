@@ -79,7 +79,7 @@ def run_fleet(nodes: int, gpus_per_node: int, opens: int, updates: int, size: tu
     import gpuctl.app as app_module
     from textual.screen import Screen
 
-    from gpuctl.fleet_source import SimulatedFleetSource
+    from gpuctl.fleet.simulated import SimulatedFleetSource
     from gpuctl.screens.board import BoardScreen
     from gpuctl.themes import REPO_THEMES_DIR
 

@@ -81,7 +81,7 @@ def run_fleet(nodes: int, gpus_per_node: int, seconds: float, refresh_s: float, 
     import gpuctl.app as app_module
     from textual.screen import Screen
 
-    from gpuctl.fleet_source import SimulatedFleetSource
+    from gpuctl.fleet.simulated import SimulatedFleetSource
     from gpuctl.themes import REPO_THEMES_DIR
 
     class TimedSource(SimulatedFleetSource):

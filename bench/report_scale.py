@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpuctl.daemon.usage import SliceHold, roll_up  # noqa: E402
 from gpuctl.daemon.usage_db import UsageDb  # noqa: E402
 from gpuctl.daemon.usage_history import fill_simulated_past  # noqa: E402
-from gpuctl.usage_report import FleetUsage, build_report  # noqa: E402
+from gpuctl.fleet.usage_report import FleetUsage, build_report  # noqa: E402
 
 DEPTS = ("research", "training", "inference", "unassigned")
 

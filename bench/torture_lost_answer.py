@@ -7,10 +7,10 @@ bench/torture.py (the kill -9, conflicting-admins and connection-abuse loops) im
 `lost_answer_loop` from here when present; this file also runs on its own.
 
 What runs: three real `gpuctld --backend simulated` daemons (tests/daemon_proc.py) n1, n2, n3;
-n3 is reached through a LossyProxy (tests/lossy_proxy.py) and has timeout_s = 1 s. Before each
+n3 is reached through a LossyProxy (tests/support/lossy_proxy.py) and has timeout_s = 1 s. Before each
 round, research owns 1 slice on n1, 1 on n2 and 2 on n3 (so `--count 2` is planned on n3 alone).
 Each round asks for `reassign --from research --to training --count 2` with a fresh request id,
-through the library the CLI uses (gpuctl.reassign.prepare/execute), with one fault on n3 drawn at
+through the library the CLI uses (gpuctl.fleet.reassign.prepare/execute), with one fault on n3 drawn at
 random: none, the answer lost, the answer delayed past the timeout, the request lost, or n3's
 daemon frozen (SIGSTOP) mid-request and continued after the client gave up. Then it re-runs the
 same request id until it is settled (exit 0), and in half of the rounds first re-runs once while
@@ -45,10 +45,10 @@ for p in (ROOT, ROOT / "tests"):
 from daemon_proc import start_daemon, uds_client  # noqa: E402
 from lossy_proxy import LossyProxy  # noqa: E402
 
-from gpuctl.client import FleetClient  # noqa: E402
+from gpuctl.fleet.client import FleetClient  # noqa: E402
 from gpuctl.config import load_config  # noqa: E402
 from gpuctl.exit_codes import ExitCode  # noqa: E402
-from gpuctl.reassign import ReassignRequest, execute, prepare  # noqa: E402
+from gpuctl.fleet.reassign import ReassignRequest, execute, prepare  # noqa: E402
 
 FAULT_CHOICES = ("none", "lose_answer", "delay_answer", "lose_request", "freeze")
 N3_TIMEOUT_S = 1.0

@@ -28,16 +28,14 @@ notice covers the screens.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import importlib
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
 
 from textual import events, work
 from textual.app import App
@@ -49,13 +47,14 @@ from textual.timer import Timer
 from textual.widgets import Input
 
 from gpuctl import model
-from gpuctl.fleet_source import FleetSource
+from gpuctl.fleet.source import FleetSource
 from gpuctl.screens.base import GpuctlScreen
 from gpuctl.screens.fleet import FleetScreen
 from gpuctl.screens.help import HelpScreen
 from gpuctl.screens.leases import LeasesScreen
 from gpuctl.screens.node_detail import NodeDetailScreen
 from gpuctl.screens.too_small import MIN_SIZE, TooSmallScreen
+from gpuctl.screens.workers import run_in_daemon_thread  # noqa: F401 - also gpuctl.app's name for it
 from gpuctl.themes import (
     DEFAULT_THEME,
     FALLBACK_THEME,
@@ -88,40 +87,6 @@ BAR_RETRY_S = 0.01
 BAR_RETRIES = 200
 #: Longest time keys are held back waiting for the work of an earlier key (App._hold_keys).
 HOLD_MAX_S = 3.0
-
-T = TypeVar("T")
-
-
-async def run_in_daemon_thread(fn: Callable[[], T], *, name: str = "gpuctl-io") -> T:
-    """Run the blocking `fn()` on a new daemon thread and await its result (its exception is
-    raised here). Unlike loop.run_in_executor (Textual's thread workers), nothing waits for the
-    thread when the app exits: a cancelled await abandons it, and the thread ends with the
-    process. For calls that may block for seconds and whose result is useless after quitting
-    (fleet polls)."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def settle(result: object, error: BaseException | None) -> None:
-        if future.done():  # the awaiting task was cancelled (app exiting, poll replaced)
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)  # type: ignore[arg-type]
-
-    def runner() -> None:
-        try:
-            result, error = fn(), None
-        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
-            result, error = None, e
-        try:
-            loop.call_soon_threadsafe(settle, result, error)
-        except RuntimeError:  # the loop is closed: the app has exited, nobody waits
-            pass
-
-    threading.Thread(target=runner, name=name, daemon=True).start()
-    return await future
-
 
 class SnapshotArrived(Message):
     """A poll finished: the fleet snapshot, the SM utilization history (GPU UUID -> values, oldest
@@ -422,10 +387,10 @@ class GpuctlApp(App[None]):
         self._to_base()
         self.push_screen(name)
 
-    def open_node(self, name: str) -> bool:
-        """Show the detail of node `name`: nothing when it is already the top screen, replacing
-        the top screen when that is another node's detail, else pushed. Flashes and returns
-        False when the fleet has no such node."""
+    def open_node(self, name: str, gpu_uuid: str | None = None) -> bool:
+        """Show the detail of node `name` (with GPU `gpu_uuid` selected when given): nothing when
+        it is already the top screen, replacing the top screen when that is another node's detail,
+        else pushed. Flashes and returns False when the fleet has no such node."""
         snapshot = self.snapshot
         if snapshot is not None and snapshot.node(name) is None:
             known = ", ".join(n.name for n in snapshot.nodes[:8])
@@ -436,8 +401,14 @@ class GpuctlApp(App[None]):
         if isinstance(top, NodeDetailScreen):
             if top.node_name != name:
                 self.switch_screen(NodeDetailScreen(name))
-            return True
-        self.push_screen(NodeDetailScreen(name))
+        else:
+            self.push_screen(NodeDetailScreen(name))
+        detail = self.screen_stack[-1]
+        if gpu_uuid is not None and isinstance(detail, NodeDetailScreen) and detail.node_name == name:
+            if detail.is_mounted:
+                detail.select_gpu(gpu_uuid)
+            else:
+                detail.selected_uuid = gpu_uuid
         return True
 
     def action_back(self) -> None:
@@ -559,9 +530,17 @@ class GpuctlApp(App[None]):
         if message.text:
             self.run_command(message.text)
 
+    def _help_screen_classes(self) -> list[type]:
+        """The screen classes whose keys the help lists, in order: fleet, the board when
+        installed, node detail, leases."""
+        classes: list[type] = [FleetScreen]
+        if self.is_screen_installed("board"):
+            classes.append(type(self.get_screen("board")))
+        return classes + [NodeDetailScreen, LeasesScreen]
+
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(self.screen))
+            self.push_screen(HelpScreen(self.screen, screen_classes=self._help_screen_classes()))
 
     def action_refresh(self) -> None:
         self.poll()

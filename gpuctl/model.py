@@ -21,6 +21,13 @@ UNASSIGNED = "unassigned"
 #: The ways one GPU may be split: number of equal slices (fractions 1, 1/2, 1/4, 1/8).
 ALLOWED_PARTS = (1, 2, 4, 8)
 
+#: What a reassignment does with a leased slice: refuse the request, drain (move the slice when
+#: its lease ends) or revoke (end the lease, then move). The daemon and the admin side both check it.
+LEASED_MODES = ("refuse", "drain", "revoke")
+
+#: Longest request id (reassignment, split, lease grant) accepted, characters.
+MAX_REQUEST_ID_CHARS = 200
+
 
 def slice_id(gpu_uuid: str, k: int) -> str:
     """The stable id of slice `k` (0-based) of the GPU with UUID `gpu_uuid`: ``"<uuid>/<k>"``."""
@@ -340,3 +347,45 @@ class FleetSnapshot:
 def gpu_equivalents(slices: list[Slice]) -> float:
     """Sum of the slices' fractions, in GPU-equivalents (two 1/2 slices = 1.0)."""
     return sum(s.fraction for s in slices)
+
+
+@dataclass
+class DepartmentTotals:
+    """One department's slices across the reachable nodes of a snapshot.
+
+    gpu_equivalents: sum of the fractions of its slices; leased_gpu_equivalents: of those leased.
+    slices, leased_slices: counts. per_node: node name -> GPU-equivalents on that node.
+    configured: False for a department the fleet config does not name (and for UNASSIGNED).
+    """
+
+    name: str
+    configured: bool = True
+    gpu_equivalents: float = 0.0
+    leased_gpu_equivalents: float = 0.0
+    slices: int = 0
+    leased_slices: int = 0
+    per_node: dict[str, float] = field(default_factory=dict)
+
+
+def department_totals(snapshot: FleetSnapshot, departments: list[str]) -> list[DepartmentTotals]:
+    """The one department-totals rule (CLI `gpuctl departments` and the console header): one row
+    per department in order: `departments` (config order; rows of zero included), then
+    departments only the fleet knows (sorted), then UNASSIGNED (always, least important).
+    Unreachable nodes count nothing (they report no slices)."""
+    rows: dict[str, DepartmentTotals] = {name: DepartmentTotals(name) for name in departments}
+    extra: dict[str, DepartmentTotals] = {}
+    unassigned = DepartmentTotals(UNASSIGNED, configured=False)
+    for n in snapshot.nodes:
+        for s in n.slices():
+            if s.department == UNASSIGNED:
+                row = unassigned
+            else:
+                row = rows.get(s.department) or extra.setdefault(
+                    s.department, DepartmentTotals(s.department, configured=False))
+            row.gpu_equivalents += s.fraction
+            row.slices += 1
+            if s.leased:
+                row.leased_gpu_equivalents += s.fraction
+                row.leased_slices += 1
+            row.per_node[n.name] = row.per_node.get(n.name, 0.0) + s.fraction
+    return [*rows.values(), *(extra[k] for k in sorted(extra)), unassigned]

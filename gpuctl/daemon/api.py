@@ -30,7 +30,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpuctl import __version__
-from gpuctl.daemon.state import LEASED_MODES, NodeStateManager, StaleGeneration, StateError
+from gpuctl.daemon.errors import ApiError, DaemonError
+from gpuctl.daemon.fields import (  # noqa: F401 - the field checks every route shares; the limits are also api's names
+    MAX_GENERATION,
+    MAX_STRING_CHARS,
+    generation_field as _generation,
+    get_field as _get,
+    no_unknown_fields as _no_unknown,
+    printable,
+    request_id_field as _request_id,
+)
+from gpuctl.daemon.state import NodeStateManager
+from gpuctl.model import LEASED_MODES, MAX_REQUEST_ID_CHARS  # noqa: F401 - MAX_REQUEST_ID_CHARS also api's name
 from gpuctl.daemon.telemetry import Sampler
 from gpuctl.model import ALLOWED_PARTS, UNASSIGNED, GpuIdentity, GpuSample, GpuStatus
 
@@ -38,27 +49,6 @@ log = logging.getLogger("gpuctld.api")
 
 #: Largest request body accepted, bytes.
 MAX_BODY_BYTES = 1024 * 1024
-#: Longest request id accepted, characters.
-MAX_REQUEST_ID_CHARS = 200
-#: Longest string accepted in any body field (names, ids), characters.
-MAX_STRING_CHARS = 256
-#: Largest generation accepted (a signed 64-bit counter).
-MAX_GENERATION = 2**63 - 1
-
-
-class ApiError(Exception):
-    """A request the API refuses: HTTP `status`, stable `code`, `message` in words, `field` at fault."""
-
-    def __init__(self, status: int, code: str, message: str, field: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.field = field
-
-    def to_json(self) -> dict[str, Any]:
-        """The error body: ``{"error": {"code", "message", "field"}}``."""
-        return {"error": {"code": self.code, "message": self.message, "field": self.field}}
 
 
 @dataclass
@@ -117,76 +107,8 @@ def _refuse_constant(name: str) -> Any:
     raise ApiError(400, "bad_json", f"the request body is not valid JSON: {name} is not a JSON number")
 
 
-def printable(text: str, limit: int = 300) -> str:
-    """`text` with every non-printable character (control characters, lone surrogates, bidi
-    controls) written as a backslash escape, cut to `limit` characters: safe for a log line."""
-    out = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text[:limit])
-    return out + ("..." if len(text) > limit else "")
-
-
 # --------------------------------------------------------------------------------------------
 # Validation
-
-
-_TYPE_WORDS = {str: "a string", int: "an integer", list: "a list", dict: "an object"}
-
-
-def _get(data: dict[str, Any], key: str, typ: type, where: str, *, required: bool = True, default: Any = None) -> Any:
-    if key not in data:
-        if required:
-            raise ApiError(400, "missing_field", f"{where} is required", where)
-        return default
-    value = data[key]
-    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-        raise ApiError(
-            400, "invalid_field", f"{where} must be {_TYPE_WORDS[typ]}, got {json.dumps(value)[:80]}", where
-        )
-    if typ is str:
-        _check_text(value, where)
-    return value
-
-
-def _check_text(value: str, where: str) -> None:
-    """Every string field: not empty, at most MAX_STRING_CHARS, printable (no control characters,
-    lone surrogates or bidi controls, which would corrupt logs, terminals and the state file), no
-    spaces at either end (names that look alike must be alike)."""
-    if not value.strip():
-        raise ApiError(400, "invalid_field", f"{where} must not be empty", where)
-    if len(value) > MAX_STRING_CHARS:
-        raise ApiError(400, "invalid_field", f"{where} is longer than {MAX_STRING_CHARS} characters", where)
-    if not value.isprintable():
-        bad = next(ch for ch in value if not ch.isprintable())
-        raise ApiError(400, "invalid_field",
-                       f"{where} must be printable text; it holds {ascii(bad)} ({printable(value, 80)!r})", where)
-    if value != value.strip():
-        raise ApiError(400, "invalid_field", f"{where} must not start or end with spaces, got {value!r}", where)
-
-
-def _no_unknown(data: dict[str, Any], allowed: set[str], prefix: str = "") -> None:
-    for key in data:
-        if key not in allowed:
-            where = f"{prefix}{key}"
-            raise ApiError(
-                400, "unknown_field", f"{where} is not a field of this request (allowed: {', '.join(sorted(allowed))})",
-                where,
-            )
-
-
-def _request_id(data: dict[str, Any]) -> str:
-    rid = _get(data, "request_id", str, "request_id")
-    if len(rid) > MAX_REQUEST_ID_CHARS:
-        raise ApiError(400, "invalid_field", f"request_id is longer than {MAX_REQUEST_ID_CHARS} characters", "request_id")
-    return rid
-
-
-def _generation(data: dict[str, Any]) -> int:
-    gen = _get(data, "generation", int, "generation")
-    if gen < 0:
-        raise ApiError(400, "invalid_field", f"generation must be >= 0, got {gen}", "generation")
-    if gen > MAX_GENERATION:
-        raise ApiError(400, "invalid_field", f"generation must be <= {MAX_GENERATION}, got {str(gen)[:40]}...",
-                       "generation")
-    return gen
 
 
 def parse_assign(data: dict[str, Any]) -> tuple[str, int, list[dict[str, str]], str]:
@@ -270,6 +192,13 @@ class ControlApi:
         self.started_monotonic = time.monotonic()
         self.routes: dict[tuple[str, str], Handler] = {}
         self.prefix_routes: list[tuple[str, str, Handler]] = []
+        #: Called with each GET /v1/status answer body before it is sent (may add to it).
+        self.status_hooks: list[Callable[[dict[str, Any]], None]] = []
+        #: Called after each POST /v1/assign, answered or refused (e.g. stop ended leases' workers).
+        self.assign_hooks: list[Callable[[], Any]] = []
+        #: Called with (request, error) for each request refused with a DaemonError (must not
+        #: raise; e.g. usage accounting records lease requests refused for lack of slices).
+        self.refusal_hooks: list[Callable[[ApiRequest, DaemonError], None]] = []
         self.add_route("GET", "/v1/health", self.health)
         self.add_route("GET", "/v1/node", self.node)
         self.add_route("GET", "/v1/status", self.status)
@@ -281,7 +210,12 @@ class ControlApi:
 
     def add_route(self, method: str, path: str, handler: Handler, *, prefix: bool = False) -> None:
         """Serve `method` `path` with `handler(ApiRequest) -> (status, body)`; with `prefix`, every
-        path that starts with `path`. A handler raises ApiError or StateError to refuse."""
+        path that starts with `path`. A handler raises a DaemonError to refuse. A route is added
+        once: ValueError when `method` `path` is served already (routes are never swapped)."""
+        taken = ((method, path) in self.routes if not prefix
+                 else any(m == method and p == path for m, p, _ in self.prefix_routes))
+        if taken:
+            raise ValueError(f"route {method} {path}{'*' if prefix else ''} is already served")
         if prefix:
             self.prefix_routes.append((method, path, handler))
         else:
@@ -292,13 +226,13 @@ class ControlApi:
         try:
             handler = self._find(request)
             return handler(request)
-        except ApiError as e:
+        except DaemonError as e:  # ApiError, StateError and its kinds: one family
+            for hook in self.refusal_hooks:
+                try:
+                    hook(request, e)
+                except Exception:  # noqa: BLE001 - a hook never changes the answer
+                    log.exception("refusal hook failed")
             return e.status, e.to_json()
-        except StateError as e:
-            body = e.to_json()
-            if isinstance(e, StaleGeneration):
-                body["error"]["current_generation"] = e.current
-            return e.status, body
         except Exception as e:  # noqa: BLE001 - one bad request must not stop the server
             log.error("internal error on %s %s: %s\n%s", request.method, request.path, e, traceback.format_exc())
             return 500, ApiError(500, "internal", f"internal error: {type(e).__name__}: {e}").to_json()
@@ -350,7 +284,7 @@ class ControlApi:
         if self.sampler.last_error is not None:
             error = f"telemetry sampling failed: {self.sampler.last_error}"
             error_code = "sampling_failed"
-        return 200, {
+        body = {
             "hostname": self.hostname,
             "backend": self.backend_name,
             "generation": snap.generation,
@@ -360,6 +294,9 @@ class ControlApi:
             "error": error,
             "error_code": error_code,
         }
+        for hook in self.status_hooks:
+            hook(body)
+        return 200, body
 
     def telemetry(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
         """GET /v1/telemetry?since=C&uuid=U: samples of rounds after cursor C (400 since, 404 uuid)."""
@@ -398,7 +335,11 @@ class ControlApi:
         data = request.json_object()
         rid, gen, moves, leased = parse_assign(data)
         request.note = f"request_id={rid}"
-        return 200, self.state.assign(rid, gen, moves, leased, parse_deadline(data))
+        try:
+            return 200, self.state.assign(rid, gen, moves, leased, parse_deadline(data))
+        finally:
+            for hook in self.assign_hooks:
+                hook()
 
     def split(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
         """POST /v1/split: validate the body, then NodeStateManager.split."""

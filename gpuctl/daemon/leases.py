@@ -55,7 +55,16 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from gpuctl.daemon.api import ApiError, ApiRequest, ControlApi, _get, _no_unknown, _request_id
+from gpuctl.daemon.api import ApiRequest, ControlApi
+from gpuctl.daemon.errors import (  # noqa: F401 - re-exported
+    ApiError,
+    InsufficientSlices,
+    LeaseEnded,
+    LeaseRevoked,
+    MpsUnavailable,
+    WorkerStartFailed,
+)
+from gpuctl.daemon.fields import get_field, no_unknown_fields, request_id_field
 from gpuctl.daemon.host_memory import HostMemoryCap
 from gpuctl.daemon.state import (
     GpuMissing,
@@ -92,41 +101,6 @@ EXECUTORS = ("numpy", "cupy")
 USAGE_KEYS = ("memory_in_use_bytes", "ops_per_s", "bytes_in", "bytes_out")
 
 
-class InsufficientSlices(StateError):
-    """No GPU of this node has idle slices of the department covering the request."""
-
-    code = "insufficient_slices"
-
-
-class LeaseEnded(StateError):
-    """A heartbeat for a lease that has just ended (expired, or its worker is gone): 410."""
-
-    status = 410
-    code = "lease_ended"
-
-
-class LeaseRevoked(StateError):
-    """A heartbeat for a lease that a reassignment with ``--revoke`` ended: 410."""
-
-    status = 410
-    code = "lease_revoked"
-
-
-class MpsUnavailable(StateError):
-    """A fractional lease needs MPS on its GPU and cannot have it (``--mps required``, or the
-    GPU's MPS server serves another user): nothing was granted."""
-
-    status = 409
-    code = "mps_unavailable"
-
-
-class WorkerStartFailed(StateError):
-    """The data-path worker of a new lease did not start; nothing was granted."""
-
-    status = 500
-    code = "worker_start_failed"
-
-
 @dataclass
 class GrantRequest:
     """A validated POST /v1/leases body. Exactly one of slices / slice_ids / gpus is set."""
@@ -158,13 +132,13 @@ def parse_grant(data: dict[str, Any]) -> GrantRequest:
     (list of slice ids of one GPU) and gpus (GPU-equivalents, 0 < X <= 1); attach ("remote",
     the default, or "native").
     """
-    _no_unknown(data, {"request_id", "department", "owner", "ttl_s", "slices", "slice_ids", "gpus", "attach"})
-    rid = _request_id(data)
-    dept = _get(data, "department", str, "department")
+    no_unknown_fields(data, {"request_id", "department", "owner", "ttl_s", "slices", "slice_ids", "gpus", "attach"})
+    rid = request_id_field(data)
+    dept = get_field(data, "department", str, "department")
     if dept.casefold() == UNASSIGNED.casefold():
         raise ApiError(400, "invalid_field", "unassigned slices belong to no department and cannot be leased: "
                        "reassign them to a department first", "department")
-    owner = _get(data, "owner", str, "owner")
+    owner = get_field(data, "owner", str, "owner")
     if len(owner) > MAX_OWNER_CHARS:
         raise ApiError(400, "invalid_field", f"owner is longer than {MAX_OWNER_CHARS} characters", "owner")
     ttl = data.get("ttl_s", DEFAULT_TTL_S)
@@ -182,7 +156,7 @@ def parse_grant(data: dict[str, Any]) -> GrantRequest:
                        "attach")
     req = GrantRequest(request_id=rid, department=dept, owner=owner, ttl_s=float(ttl), attach=attach)
     if "slice_ids" in data:
-        ids = _get(data, "slice_ids", list, "slice_ids")
+        ids = get_field(data, "slice_ids", list, "slice_ids")
         if not ids:
             raise ApiError(400, "invalid_field", "slice_ids must name at least one slice", "slice_ids")
         for i, sid in enumerate(ids):
@@ -194,7 +168,7 @@ def parse_grant(data: dict[str, Any]) -> GrantRequest:
         return req
     try:
         if "slices" in data:
-            n = _get(data, "slices", int, "slices")
+            n = get_field(data, "slices", int, "slices")
             validate_amount(n, None)
             req.slices = n
         else:
@@ -307,8 +281,6 @@ class LeaseManager:
         self._endings: OrderedDict[str, str] = OrderedDict()  # lease id -> why it ended
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._orig_status: Callable[[ApiRequest], tuple[int, dict[str, Any]]] | None = None
-        self._orig_assign: Callable[[ApiRequest], tuple[int, dict[str, Any]]] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -349,12 +321,11 @@ class LeaseManager:
         return ended
 
     def install(self, api: ControlApi) -> None:
-        """Add the lease routes to `api` and wrap GET /v1/status (live expiry, per-slice usage)
-        and POST /v1/assign (a revoke stops the workers of the leases it ended)."""
-        self._orig_status = api.routes[("GET", "/v1/status")]
-        self._orig_assign = api.routes[("POST", "/v1/assign")]
-        api.add_route("GET", "/v1/status", self.api_status)
-        api.add_route("POST", "/v1/assign", self.api_assign)
+        """Register the lease routes on `api` like its own, and two hooks: GET /v1/status gets
+        each slice's usage and the leases' live expiry (:meth:`add_to_status`), and after POST
+        /v1/assign the workers of leases a revoke ended are stopped (:meth:`sync`)."""
+        api.status_hooks.append(self.add_to_status)
+        api.assign_hooks.append(self.sync)
         api.add_route("POST", "/v1/leases", self.api_grant)
         api.add_route("GET", "/v1/leases", self.api_list)
         api.add_route("GET", "/v1/leases/", self.api_get, prefix=True)
@@ -799,7 +770,7 @@ class LeaseManager:
             raise ApiError(404, "unknown_path", f"no such path: {request.path} (POST /v1/leases/ID/heartbeat "
                            f"or /v1/leases/ID/processes)")
         if request.body.strip():
-            _no_unknown(request.json_object(), set())
+            no_unknown_fields(request.json_object(), set())
         request.note = f"lease={lease_id}"
         return 200, self.heartbeat(lease_id)
 
@@ -811,8 +782,8 @@ class LeaseManager:
         from gpuctl.daemon.native import ProcessRefused
 
         data = request.json_object()
-        _no_unknown(data, {"pids"})
-        pids = _get(data, "pids", list, "pids")
+        no_unknown_fields(data, {"pids"})
+        pids = get_field(data, "pids", list, "pids")
         request.note = f"lease={lease_id} pids={pids[:8]}"
         with self._lock:
             live = self._live.get(lease_id)
@@ -846,13 +817,9 @@ class LeaseManager:
         request.note = f"lease={lease_id}"
         return 200, self.end(lease_id, "released")
 
-    def api_status(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
-        """GET /v1/status, with each slice's ``usage``, the leases' live expiry, and each GPU's
-        processes split into ``lease_processes`` and ``outside_processes`` (gpuctl.daemon.outside)."""
-        assert self._orig_status is not None
-        code, body = self._orig_status(request)
-        if code != 200:
-            return code, body
+    def add_to_status(self, body: dict[str, Any]) -> None:
+        """Add to a GET /v1/status answer each slice's ``usage``, the leases' live expiry, and each
+        GPU's processes split into ``lease_processes`` and ``outside_processes`` (gpuctl.daemon.outside)."""
         usage = self.usage_by_slice()
         from gpuctl.daemon.outside import owner_map, split_processes
 
@@ -869,15 +836,6 @@ class LeaseManager:
             cur = live.get(lj.get("id"))
             if cur is not None:
                 lj["heartbeat_s"], lj["expires_s"] = cur.heartbeat_s, cur.expires_s
-        return code, body
-
-    def api_assign(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
-        """POST /v1/assign, then stop the workers of leases a revoke ended (before answering)."""
-        assert self._orig_assign is not None
-        try:
-            return self._orig_assign(request)
-        finally:
-            self.sync()
 
     def _lease_id(self, path: str, *, allow_action: bool) -> tuple[str, str]:
         rest = path[len("/v1/leases/"):]

@@ -39,6 +39,26 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpuctl.daemon.durable import write_atomically
+from gpuctl.daemon.errors import (  # noqa: F401 - the state manager's refusals, re-exported
+    DaemonError,
+    StateError,
+    StaleGeneration,
+    WrongOwner,
+    SliceLeased,
+    MixedOwners,
+    GpuMissing,
+    RequestIdReused,
+    LeaseExists,
+    UnknownSlice,
+    UnknownGpu,
+    UnknownLease,
+    InvalidRequest,
+    StateWriteError,
+    MigReadOnly,
+    SliceNotLeasable,
+    DeadlinePassed,
+)
+from gpuctl.model import LEASED_MODES  # noqa: F401 - re-exported (api, tests)
 from gpuctl.model import ALLOWED_PARTS, UNASSIGNED, GpuIdentity, Lease, Slice, slice_id
 
 STATE_FILE_NAME = "state.json"
@@ -48,7 +68,6 @@ STATE_FORMAT = 1
 #: How many request answers are kept for replay (the most recent ones).
 MAX_RECORDED_REQUESTS = 1000
 #: The ways a reassignment may treat a leased slice (see docs/ARCHITECTURE.md).
-LEASED_MODES = ("refuse", "drain", "revoke")
 
 
 # --------------------------------------------------------------------------------------------
@@ -70,130 +89,6 @@ class StateCorruptError(Exception):
 
 class StateLockedError(Exception):
     """Another process (another gpuctld) holds the state directory's lock file."""
-
-
-class StateError(Exception):
-    """A refused state operation. ``status``: HTTP status for the API; ``code``: stable error code;
-    ``field``: the request field at fault, or None. Nothing was changed when this is raised."""
-
-    status = 409
-    code = "conflict"
-
-    def __init__(self, message: str, *, field: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.field = field
-        if code is not None:
-            self.code = code
-
-    def to_json(self) -> dict[str, Any]:
-        """The API's error body: ``{"error": {"code", "message", "field"}}``."""
-        return {"error": {"code": self.code, "message": self.message, "field": self.field}}
-
-
-class StaleGeneration(StateError):
-    """The request was based on generation ``based_on``; the node is at ``current``."""
-
-    code = "stale_generation"
-
-    def __init__(self, based_on: int, current: int):
-        super().__init__(
-            f"stale generation: the request is based on generation {based_on}, the node is at "
-            f"generation {current}; re-read the node's state and plan again",
-            field="generation",
-        )
-        self.based_on = based_on
-        self.current = current
-
-
-class WrongOwner(StateError):
-    """A move's "from" (or a lease's department) is not the slice's owner; the message names both."""
-
-    code = "wrong_owner"
-
-
-class SliceLeased(StateError):
-    """A slice is leased and the request may not touch it (refuse mode, split, a second lease)."""
-
-    code = "slice_leased"
-
-
-class MixedOwners(StateError):
-    """A split of a GPU whose slices have more than one owner."""
-
-    code = "mixed_owners"
-
-
-class GpuMissing(StateError):
-    """A split of a GPU the backend no longer reports (its slices are kept)."""
-
-    code = "gpu_missing"
-
-
-class MigReadOnly(StateError):
-    """A split or merge of a MIG device, or of a GPU with MIG on: MIG slices are read-only in gpuctl."""
-
-    code = "mig_read_only"
-
-
-class SliceNotLeasable(StateError):
-    """A lease on a slice that may not be leased (its memory quota is unknown); the message says why."""
-
-    code = "slice_not_leasable"
-
-
-class RequestIdReused(StateError):
-    """A request id already recorded for another kind of operation."""
-
-    code = "request_id_reused"
-
-
-class DeadlinePassed(StateError):
-    """A change request reached its commit after the deadline its client set (``deadline_unix_s``):
-    the client has given up on it and reports its outcome as unknown, so it is not applied."""
-
-    code = "deadline_passed"
-
-
-class LeaseExists(StateError):
-    """add_lease with an id already in use."""
-
-    code = "lease_exists"
-
-
-class UnknownSlice(StateError):
-    """No slice with that id on this node."""
-
-    status = 404
-    code = "unknown_slice"
-
-
-class UnknownGpu(StateError):
-    """No GPU with that UUID in the node's state."""
-
-    status = 404
-    code = "unknown_gpu"
-
-
-class UnknownLease(StateError):
-    """No lease with that id on this node."""
-
-    status = 404
-    code = "unknown_lease"
-
-
-class InvalidRequest(StateError):
-    """A request that is malformed for the state (empty or duplicate moves, bad parts or mode)."""
-
-    status = 400
-    code = "invalid_field"
-
-
-class StateWriteError(StateError):
-    """The new state could not be written to disk; the change was not made."""
-
-    status = 500
-    code = "state_write_failed"
 
 
 # --------------------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ def _period(request: ApiRequest) -> tuple[int, int]:
 
 def install(api: ControlApi, service: UsageService, gpu_index: dict[str, int]) -> None:
     """Add the usage routes to `api` and record the lease refusals of its POST /v1/leases route
-    (install after the lease routes). gpu_index: NVML index by GPU UUID."""
+    (through ControlApi.refusal_hooks). gpu_index: NVML index by GPU UUID."""
 
     def usage(request: ApiRequest) -> tuple[int, dict[str, Any]]:
         since, until = _period(request)
@@ -108,19 +108,11 @@ def install(api: ControlApi, service: UsageService, gpu_index: dict[str, int]) -
     api.add_route("GET", "/v1/usage", usage)
     api.add_route("GET", "/v1/usage/history", history)
 
-    grant = api.routes.get(("POST", "/v1/leases"))
-    if grant is None:
-        return
+    def record_refusal(request: ApiRequest, error: Exception) -> None:
+        if (request.method, request.path) == ("POST", "/v1/leases") and error.code == "insufficient_slices":
+            _record_refusal(service, request, str(error))
 
-    def grant_recording_refusals(request: ApiRequest) -> tuple[int, dict[str, Any]]:
-        try:
-            return grant(request)
-        except Exception as e:
-            if getattr(e, "code", None) == "insufficient_slices":
-                _record_refusal(service, request, str(e))
-            raise
-
-    api.add_route("POST", "/v1/leases", grant_recording_refusals)
+    api.refusal_hooks.append(record_refusal)
 
 
 def _record_refusal(service: UsageService, request: ApiRequest, message: str) -> None:

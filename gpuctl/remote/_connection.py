@@ -439,7 +439,7 @@ _WIRE_DTYPES = frozenset(
 
 def make_error(err: dict[str, Any]) -> Exception:
     """The client-side exception for a worker's error record {"type", "message", "op"}."""
-    from gpuctl.remote.cuda import memory
+    from gpuctl.remote._errors import memory
 
     etype, msg = err.get("type"), str(err.get("message"))
     cls = {

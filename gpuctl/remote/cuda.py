@@ -12,21 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from gpuctl.remote._connection import get_connection
+from gpuctl.remote._errors import OutOfMemoryError, memory  # noqa: F401 - cupy.cuda's names
 
 #: Same words as the worker's NumPy executor.
 RAWKERNEL_NEEDS_GPU = "RawKernel needs a GPU node (this lease runs on the NumPy executor)"
 
 
-class _Memory:
-    """Namespace standing for ``cupy.cuda.memory``."""
-
-    class OutOfMemoryError(MemoryError):
-        """The slice's memory quota would be exceeded. The message names the op, the bytes it
-        needed, the bytes in use and the quota. The lease stays usable: free arrays and go on."""
-
-
-memory = _Memory()
-OutOfMemoryError = _Memory.OutOfMemoryError
 
 
 class _Runtime:

@@ -6,6 +6,6 @@ leases.LeasesScreen (`:leases`), help.HelpScreen (`?`), too_small.TooSmallScreen
 board.BoardScreen (`:depts`, department board with drag and drop) is optional: when
 gpuctl/screens/board.py exists and defines BoardScreen, the app installs it under the name "board".
 schedule.ScheduleScreen (`:schedule`: scheduled moves, add form, cancel) and audit.AuditScreen
-(`:audit`: audit records with a filter) take their source (gpuctl.schedule_service.FleetSchedule)
+(`:audit`: audit records with a filter) take their source (gpuctl.fleet.schedule.FleetSchedule)
 in the constructor.
 """

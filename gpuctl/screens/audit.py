@@ -1,6 +1,6 @@
 """The audit screen (`:audit`): every node's audit records, newest last, with a filter.
 
-It gets a loader in the constructor (``load(since_s) -> gpuctl.schedule_service.AuditView``, e.g.
+It gets a loader in the constructor (``load(since_s) -> gpuctl.fleet.schedule.AuditView``, e.g.
 ``FleetSchedule.audit``) and never imports the app; loading runs in a thread worker. `/` focuses
 the filter: rows whose node, who, action, request id or description contain the text (case
 insensitive) stay. Unreadable audit lines are counted in the status line.
@@ -22,7 +22,7 @@ COLUMNS = (("time", "time (local)", 25), ("node", "node", 10), ("who", "who", 28
 
 def record_cells(r: dict[str, Any]) -> tuple[str, ...]:
     """The row of one merged audit record."""
-    from gpuctl.schedule_service import what_text, who_text
+    from gpuctl.fleet.schedule import what_text, who_text
     from gpuctl.timeparse import show_local
 
     return (show_local(r.get("time_s") or 0), str(r.get("node_name", "")), who_text(r.get("who")),

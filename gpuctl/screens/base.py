@@ -34,6 +34,7 @@ from textual.widget import Widget
 from textual.widgets import Footer
 
 from gpuctl import model
+from gpuctl.screens.host import ConsoleHost
 from gpuctl.widgets.command_bar import CommandBar
 from gpuctl.widgets.header import FleetHeader
 
@@ -49,6 +50,11 @@ class GpuctlScreen(Screen[None]):
         super().__init__(name=name, id=id)
         self._stale = True
         self._command_bar = CommandBar()
+
+    @property
+    def host(self) -> ConsoleHost:
+        """The app, typed as what a screen may ask of it (gpuctl.screens.host.ConsoleHost)."""
+        return self.app  # type: ignore[return-value]
 
     def header_title(self) -> str:
         """"fleet", "departments", "node sim-02": what the header names after "gpuctl ▸"."""

@@ -8,7 +8,7 @@ Moving slices, by mouse: drag a card onto another column (a drag of a selected c
 whole selection; shift-click or space selects); by keyboard: arrows move between cards and
 columns, space selects, `m` picks a department from a list. Both ask for confirmation
 (MoveConfirmScreen; leased slices offer drain / revoke / cancel) and then post one message,
-:class:`BoardScreen.MoveRequested`, whose handler sends one gpuctl.reassign.ReassignRequest per
+:class:`BoardScreen.MoveRequested`, whose handler sends one gpuctl.fleet.reassign.ReassignRequest per
 source department through the app's FleetSource (``source.reassign``, the same service as
 `gpuctl reassign`) in a thread worker. Cards show "moving → dst…" until a snapshot shows the new
 owner (then a notification says it is done) or the error is notified. In read-only mode
@@ -38,7 +38,7 @@ from textual.message import Message
 from textual.widgets import Static
 
 from gpuctl import model
-from gpuctl.reassign import ReassignRequest, new_request_id
+from gpuctl.fleet.reassign import ReassignRequest, new_request_id
 from gpuctl.screens.base import GpuctlScreen
 from gpuctl.screens.move_dialog import DepartmentPickerScreen, MoveConfirmScreen
 from gpuctl.widgets.board_cards import CARD_PITCH, CardList, CardMarks, card_text
@@ -91,7 +91,7 @@ class BoardScreen(GpuctlScreen):
 
     class MoveRequested(Message):
         """Move `slice_ids` to department `dst`. sources: (slice id, owning department) pairs as
-        the board saw them; leased: "refuse", "drain" or "revoke" (gpuctl.reassign)."""
+        the board saw them; leased: "refuse", "drain" or "revoke" (gpuctl.fleet.reassign)."""
 
         def __init__(self, slice_ids: tuple[str, ...], sources: tuple[tuple[str, str], ...], dst: str,
                      leased: str = "refuse") -> None:
@@ -132,18 +132,17 @@ class BoardScreen(GpuctlScreen):
         # GpuctlScreen.on_mount runs after this one (Textual calls each class's handler).
 
     def _departments(self) -> list[model.Department]:
-        source = getattr(self.app, "source", None)
-        return list(getattr(source, "departments", None) or [])
+        return list(self.host.source.departments)
 
     def _record_utilization(self, snapshot: model.FleetSnapshot | None = None) -> None:
-        snapshot = getattr(self.app, "snapshot", None)
+        snapshot = self.host.snapshot
         if snapshot is not None and snapshot is not self._window_seen:
             self._window_seen = snapshot
             self.util_window.add(snapshot)
 
     def _variables(self) -> dict[str, str]:
-        palette = getattr(self.app, "palette", None)
-        return dict(getattr(palette, "colors", None) or {})
+        palette = self.host.palette
+        return dict(palette.colors) if palette is not None else {}
 
     def _ensure_columns(self, names: list[str]) -> AwaitComplete:
         """Mount columns missing from `names` (in its order; unassigned stays last); the result
@@ -283,11 +282,7 @@ class BoardScreen(GpuctlScreen):
             pass
 
     def _flash(self, message: str, severity: str = "information") -> None:
-        flash = getattr(self.app, "flash", None)
-        if callable(flash):
-            flash(message, severity=severity)
-        else:
-            self.notify(message, severity=severity, markup=False)  # type: ignore[arg-type]
+        self.host.flash(message, severity=severity)
 
     def _refresh_slices(self, slice_ids: Sequence[str]) -> None:
         """Repaint the columns showing these slices (their marks changed)."""
@@ -404,9 +399,8 @@ class BoardScreen(GpuctlScreen):
     def action_open_node(self) -> None:
         """Enter: the node detail of the focused card's node."""
         sid = self.focused_slice_id
-        open_node = getattr(self.app, "open_node", None)
-        if sid is not None and sid in self._views and callable(open_node):
-            open_node(self._views[sid].node)
+        if sid is not None and sid in self._views:
+            self.host.open_node(self._views[sid].node)
 
     def action_escape(self) -> None:
         """Escape: cancel a drag; else clear the selection; else go back."""
@@ -417,13 +411,11 @@ class BoardScreen(GpuctlScreen):
             for sid in list(self._selected):
                 self._set_selected(sid, False)
             return
-        back = getattr(self.app, "action_back", None)
-        if callable(back):
-            back()
+        self.host.action_back()
 
     def action_move(self) -> None:
         """`m`: move the selection (or the focused card) to a department picked from a list."""
-        if getattr(self.app, "readonly", False):
+        if self.host.readonly:
             self._flash("read-only mode: moving slices is disabled", severity="warning")
             return
         views = self.selected_views()
@@ -484,7 +476,7 @@ class BoardScreen(GpuctlScreen):
     def propose_move(self, views: Sequence[SliceView], dst: str) -> None:
         """Ask for confirmation to move `views` to `dst`, then post MoveRequested. Refused with a
         notification (no dialog) in read-only mode or when nothing would move."""
-        if getattr(self.app, "readonly", False):
+        if self.host.readonly:
             self._flash("read-only mode: moving slices is disabled", severity="warning")
             return
         moving = [v for v in views if v.department != dst and v.slice_id not in self._moving]
@@ -512,11 +504,11 @@ class BoardScreen(GpuctlScreen):
     def request_move(self, slice_ids: Sequence[str], sources: dict[str, str], dst: str, leased: str) -> None:
         """Mark the slices as moving and send one ReassignRequest per source department in a
         thread worker (refused in read-only mode)."""
-        if getattr(self.app, "readonly", False):
+        if self.host.readonly:
             self._flash("read-only mode: moving slices is disabled", severity="warning")
             return
-        source = getattr(self.app, "source", None)
-        if source is None or not hasattr(source, "reassign"):
+        source = self.host.source
+        if not hasattr(source, "reassign"):  # a source that only reads
             self._flash("this fleet source cannot reassign slices", severity="error")
             return
         views = [self._views[s] for s in slice_ids if s in self._views]
@@ -568,9 +560,7 @@ class BoardScreen(GpuctlScreen):
                 self._flash(f"{n} leased slice{'s' if n != 1 else ''} will move to {req.dst} when the lease ends")
                 self._clear_moving([m.slice_id for m in result.pending])
         self._update_status()
-        poll = getattr(self.app, "poll", None)
-        if callable(poll):
-            poll()
+        self.host.poll()
 
     def _clear_moving(self, slice_ids: Sequence[str]) -> None:
         cleared = [sid for sid in slice_ids if self._moving.pop(sid, None) is not None]

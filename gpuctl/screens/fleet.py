@@ -27,7 +27,6 @@ from rich.text import Text
 
 from gpuctl import model
 from gpuctl.screens.base import GpuctlScreen
-from gpuctl.screens.node_detail import NodeDetailScreen
 from gpuctl.widgets.fleet_rows import FleetRow, Layout, filter_rows, layout_cells, layout_for
 from gpuctl.widgets.fleet_table import FleetTable
 
@@ -102,8 +101,8 @@ class FleetScreen(GpuctlScreen):
         layout = layout_for(event.size.width - SCROLLBAR_CELLS)
         if layout is not self.table_layout:
             self._set_layout(layout)
-            snapshot = self.app.snapshot
-            if snapshot is not None and self.app.palette is not None:
+            snapshot = self.host.snapshot
+            if snapshot is not None and self.host.palette is not None:
                 self.show_snapshot(snapshot)
 
     def _set_layout(self, layout: Layout) -> None:
@@ -214,7 +213,7 @@ class FleetScreen(GpuctlScreen):
         """Filter the rows by `text` without touching the Input (it may already hold newer keys)."""
         self.filter_text = text
         self.filter_input().set_class(bool(text), "-active")
-        snapshot = self.app.snapshot
+        snapshot = self.host.snapshot
         if snapshot is not None:
             self.show_snapshot(snapshot)
 
@@ -257,10 +256,5 @@ class FleetScreen(GpuctlScreen):
     def _open(self, key: str | None) -> None:
         """Open the node of row `key`, showing that row's GPU first."""
         row = self._rows.get(key or "")
-        if row is not None and self.app.open_node(row.node):
-            detail = self.app.screen_stack[-1]
-            if isinstance(detail, NodeDetailScreen) and detail.node_name == row.node and not row.key.startswith("node:"):
-                if detail.is_mounted:
-                    detail.select_gpu(row.key)
-                else:
-                    detail.selected_uuid = row.key
+        if row is not None:
+            self.host.open_node(row.node, None if row.key.startswith("node:") else row.key)

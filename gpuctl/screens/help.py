@@ -9,6 +9,8 @@ SCREEN_KEYS replace terse binding descriptions.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.table import Table
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -156,24 +158,15 @@ class HelpScreen(GpuctlModal[None]):
         Binding("question_mark", "dismiss", "Close", show=False),
     ]
 
-    def __init__(self, below: Screen | None = None):
+    def __init__(self, below: Screen | None = None, *, screen_classes: Sequence[type] = ()):
         super().__init__(id="help")
         self._below = below
+        self._listed_screens = list(screen_classes)
 
     def _screen_classes(self) -> list[type]:
-        """The gpuctl screen classes whose keys are listed (the board when installed)."""
-        from gpuctl.screens.fleet import FleetScreen
-        from gpuctl.screens.leases import LeasesScreen
-        from gpuctl.screens.node_detail import NodeDetailScreen
-
-        classes: list[type] = [FleetScreen]
-        try:
-            if self.app.is_screen_installed("board"):
-                classes.append(type(self.app.get_screen("board")))
-        except Exception:  # noqa: BLE001 - no board: its keys are not listed
-            pass
-        classes += [NodeDetailScreen, LeasesScreen]
-        return classes
+        """The screen classes whose keys are listed, in order (given by the app: a screen never
+        imports another)."""
+        return list(self._listed_screens)
 
     def global_rows(self) -> list[tuple[str, str]]:
         """The app's keys (its bindings with a description) and GLOBAL_EXTRA."""

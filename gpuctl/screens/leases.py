@@ -19,7 +19,7 @@ from textual.widgets import DataTable, Static
 
 from gpuctl import model
 from gpuctl.screens.base import GpuctlScreen
-from gpuctl.widgets import format as fmt
+from gpuctl import format as fmt
 
 #: (column key, label, width of the content in cells; each cell adds a space on either side).
 LEASE_COLUMNS = (
@@ -121,7 +121,7 @@ class LeasesScreen(GpuctlScreen):
         return True
 
     def show_snapshot(self, snapshot: model.FleetSnapshot) -> None:
-        rows = lease_rows(snapshot, self.app.palette)
+        rows = lease_rows(snapshot, self.host.palette)
         table = self.query_one("#leases-table", DataTable)
         shown = [i for i, (key, _, _) in enumerate(LEASE_COLUMNS) if key in {c[0] for c in self.columns}]
         with self.app.batch_update():
@@ -135,4 +135,4 @@ class LeasesScreen(GpuctlScreen):
     def _selected(self, event: DataTable.RowSelected) -> None:
         node = self._lease_nodes.get(event.row_key.value or "")
         if node:
-            self.app.open_node(node)
+            self.host.open_node(node)

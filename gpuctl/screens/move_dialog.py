@@ -1,7 +1,7 @@
 """The board's modal dialogs: confirm a move (with drain / revoke for leased slices) and pick a
 department.
 
-:class:`MoveConfirmScreen` dismisses with the leased mode of gpuctl.reassign ("refuse" for a plain
+:class:`MoveConfirmScreen` dismisses with the leased mode of gpuctl.fleet.reassign ("refuse" for a plain
 move of idle slices, "drain" or "revoke" when a leased slice is among them) or None (cancel).
 :class:`DepartmentPickerScreen` dismisses with a department name or None.
 """

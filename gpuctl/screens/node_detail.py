@@ -30,7 +30,8 @@ from textual.widgets.option_list import Option
 
 from gpuctl import model
 from gpuctl.screens.base import GpuctlScreen
-from gpuctl.widgets import format as fmt
+from gpuctl.screens.workers import run_in_daemon_thread
+from gpuctl import format as fmt
 from gpuctl.widgets.fleet_rows import gpu_state, slices_cell
 from gpuctl.widgets.metric_plot import METRICS, WINDOW_S, MetricPlot, metric_runs, metric_value
 from gpuctl.widgets.palette import Palette
@@ -171,7 +172,7 @@ class NodeDetailScreen(GpuctlScreen):
     # -- selection -------------------------------------------------------------------------------
 
     def _gpus(self) -> list[model.GpuStatus]:
-        snapshot = self.app.snapshot
+        snapshot = self.host.snapshot
         node = snapshot.node(self.node_name) if snapshot is not None else None
         if node is None or not node.reachable:
             return []
@@ -199,7 +200,7 @@ class NodeDetailScreen(GpuctlScreen):
     def action_pick_gpu(self, index: int) -> None:
         gpu = next((g for g in self._gpus() if g.identity.index == index), None)
         if gpu is None:
-            self.app.flash(f"{self.node_name} has no GPU {index}", severity="warning")
+            self.host.flash(f"{self.node_name} has no GPU {index}", severity="warning")
             return
         self.select_gpu(gpu.uuid)
 
@@ -230,13 +231,12 @@ class NodeDetailScreen(GpuctlScreen):
 
     @work(exclusive=True, exit_on_error=False, group="history")
     async def _fetch_history(self, uuid: str, since: int) -> None:
-        # the blocking call runs on a daemon thread (gpuctl.app.run_in_daemon_thread): quitting the
+        # the blocking call runs on a daemon thread (gpuctl.screens.workers.run_in_daemon_thread): quitting the
         # console never waits for a history request to a slow node
-        from gpuctl.app import run_in_daemon_thread
 
         try:
             cursor, samples = await run_in_daemon_thread(
-                lambda: self.app.source.history(self.node_name, uuid, since), name="gpuctl-history")
+                lambda: self.host.source.history(self.node_name, uuid, since), name="gpuctl-history")
         except Exception as e:  # noqa: BLE001 - any failure of the source is shown, not raised
             self.post_message(HistoryFetched(self.node_name, uuid, since, error=f"history unavailable: {e}"))
             return
@@ -267,7 +267,7 @@ class NodeDetailScreen(GpuctlScreen):
     # -- rendering -------------------------------------------------------------------------------
 
     def show_snapshot(self, snapshot: model.FleetSnapshot) -> None:
-        palette = self.app.palette
+        palette = self.host.palette
         node = snapshot.node(self.node_name)
         summary = self.query_one("#node-summary", Static)
         if node is None:
@@ -313,8 +313,8 @@ class NodeDetailScreen(GpuctlScreen):
                     options.replace_option_prompt_at_index(i, p)
 
     def _render_selected(self) -> None:
-        snapshot = self.app.snapshot
-        palette = self.app.palette
+        snapshot = self.host.snapshot
+        palette = self.host.palette
         node = snapshot.node(self.node_name) if snapshot is not None else None
         gpu = None
         if node is not None and node.reachable:

@@ -1,7 +1,7 @@
 """The report screen (`:report`): per department, owned vs used GPU-hours over the last 7 or 30
 days, as bars (gpuctl.widgets.usage_plots) and as a table with leased and idle owned GPU-hours.
 
-The report comes from the nodes' usage accounting (gpuctl.usage_report.report_from_source), fetched
+The report comes from the nodes' usage accounting (gpuctl.fleet.usage_report.report_from_source), fetched
 in a thread worker (group "report") when the screen is first shown and when the period changes
 (`p`); never on the UI thread. A node that did not answer is named under the bars and its
 rows are marked incomplete. Never imports the app: it reads ``self.app.source``.
@@ -108,7 +108,7 @@ class ReportScreen(GpuctlScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="report")
     def _load(self, period: int, since_s: float, until_s: float) -> None:
-        from gpuctl.usage_report import report_from_source
+        from gpuctl.fleet.usage_report import report_from_source
 
         try:
             report = report_from_source(self.app.source, since_s, until_s)

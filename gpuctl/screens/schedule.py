@@ -1,7 +1,7 @@
 """The schedule screen (`:schedule`): every node's scheduled moves with their state, a form to add
 one (time, from, to, amount) and `c` to cancel the selected entry.
 
-It gets its source in the constructor (gpuctl.schedule_service.FleetSchedule or anything with
+It gets its source in the constructor (gpuctl.fleet.schedule.FleetSchedule or anything with
 ``departments``, ``entries()``, ``add(at, src, dst, amount, now_s)``, ``cancel(entry_id)``) and
 never imports the app: every call to the source runs in a thread worker, results come back on the
 UI thread. Times are shown in local time. Escape leaves the screen.
@@ -25,8 +25,8 @@ COLUMNS = (("id", "entry", 12), ("at", "at (local)", 25), ("node", "node", 10), 
 
 
 def entry_cells(e: dict[str, Any]) -> tuple[str, ...]:
-    """The row of one entry (as gpuctl.schedule_service.entries returns them)."""
-    from gpuctl.schedule_service import entry_note
+    """The row of one entry (as gpuctl.fleet.schedule.entries returns them)."""
+    from gpuctl.fleet.schedule import entry_note
     from gpuctl.timeparse import show_local
 
     return (e["id"], show_local(e["at_s"]), e["node"], e["from"], e["to"], str(len(e["slice_ids"])), e["status"],

@@ -100,7 +100,7 @@ class UsageHistoryScreen(GpuctlScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="usage-history")
     def _load(self, window: int, since_s: float, until_s: float, step: int) -> None:
-        from gpuctl.usage_report import gpu_history_from_source
+        from gpuctl.fleet.usage_report import gpu_history_from_source
 
         try:
             points = gpu_history_from_source(self.app.source, self.node_name, self.gpu_uuid, since_s, until_s, step)

@@ -28,7 +28,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from gpuctl.widgets import format as fmt
+from gpuctl import format as fmt
 from gpuctl.widgets.board_model import SliceView
 from gpuctl.widgets.drag import Draggable
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gpuctl import model
-from gpuctl.widgets import format as fmt
+from gpuctl import format as fmt
 
 #: How far back the column's mean SM utilization looks, seconds.
 UTIL_WINDOW_S = 60.0

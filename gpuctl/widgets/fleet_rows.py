@@ -27,7 +27,7 @@ from functools import cached_property
 from rich.text import Text
 
 from gpuctl import model
-from gpuctl.widgets import format as fmt
+from gpuctl import format as fmt
 from gpuctl.widgets.palette import Palette
 
 SM_BAR_CELLS = 10

@@ -11,7 +11,6 @@ size never changes), and cut to the header's width by dropping whole parts, leas
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 from rich.text import Text
@@ -44,7 +43,7 @@ def totals_parts(
     """The header's figures in display order: "nodes 3/4 up" (rank 0, error color when a node is
     down), "SM 47%" (1: mean SM utilization over GPUs with a reading, "N/A" when none has one),
     "24 GPUs" (2: GPUs of reachable nodes), then each department's slices in GPU-equivalents
-    (model.gpu_equivalents) in config order (3, 4, ...), departments only the fleet knows after
+    (model.department_totals) in config order (3, 4, ...), departments only the fleet knows after
     them, unassigned last (least important). [] before the first snapshot."""
     if snapshot is None:
         return []
@@ -61,17 +60,11 @@ def totals_parts(
         TotalsPart(f"{snapshot.gpu_count()} GPUs", "", 2),
         TotalsPart("SM " + (f"{sum(utils) / len(utils):.0f}%" if utils else "N/A"), "", 1),
     ]
-    shares: dict[str, list[model.Slice]] = defaultdict(list)
-    for n in snapshot.nodes:
-        for s in n.slices():
-            shares[s.department].append(s)
-    names = [d.name for d in departments]
-    names += sorted(k for k in shares if k not in names and k != model.UNASSIGNED)
-    if model.UNASSIGNED in shares:
-        names.append(model.UNASSIGNED)
-    for i, name in enumerate(names):
-        parts.append(TotalsPart(f"{name} {model.gpu_equivalents(shares.get(name, [])):g}",
-                                palette.department(name), 3 + i))
+    rows = model.department_totals(snapshot, [d.name for d in departments])
+    if not rows[-1].slices:  # UNASSIGNED is shown only when it owns slices
+        rows.pop()
+    for i, row in enumerate(rows):
+        parts.append(TotalsPart(f"{row.name} {row.gpu_equivalents:g}", palette.department(row.name), 3 + i))
     return parts
 
 

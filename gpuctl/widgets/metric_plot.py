@@ -22,7 +22,7 @@ from rich.text import Text
 from textual_plotext import PlotextPlot
 
 from gpuctl import model
-from gpuctl.widgets import format as fmt
+from gpuctl import format as fmt
 
 #: How far back the plots reach, seconds.
 WINDOW_S = 600.0

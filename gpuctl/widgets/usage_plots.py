@@ -1,7 +1,7 @@
 """Usage plots with textual-plotext: owned vs used GPU-hours per department as bars (report
 screen) and one GPU's usage history over hours or days (history screen).
 
-`bar_series` turns a report by department (gpuctl.usage_report.build_report) into the labels and
+`bar_series` turns a report by department (gpuctl.fleet.usage_report.build_report) into the labels and
 the two series the plot draws; `UsageBars` draws them as grouped bars (owned, used).
 `history_runs` turns GET /v1/usage/history points into runs (gaps kept); `HistoryPlot` draws them
 with x in hours before now. Both rebuild only when the data, size or theme changed.

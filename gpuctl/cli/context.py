@@ -1,0 +1,126 @@
+"""What every verb shares: the global flags, where the fleet config is and loading it, opening the
+fleet, and the terminal check of the console.
+
+The global flags (--config, --json, --ssh-config, --known-hosts, --accept-new-host-key) are defined
+once, here, and added both before the verb (`gpuctl --json status`) and after it (`gpuctl status
+--json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpuctl.cli.errors import CliError, UsageError
+from gpuctl.exit_codes import ExitCode
+
+#: Global flags that take a value (the verb is the first word that is neither a flag nor a value).
+VALUE_FLAGS = ("--config", "--ssh-config", "--known-hosts", "--theme")
+
+
+def add_globals(p: argparse.ArgumentParser, *, top: bool) -> None:
+    """Add the global flags to `p`: with defaults on the top parser, suppressed (so a value given
+    before the verb is kept) on a verb's parser."""
+    d = None if top else argparse.SUPPRESS
+    p.add_argument("--config", metavar="FILE", default=d,
+                   help="fleet config (default: $XDG_CONFIG_HOME/gpuctl/fleet.toml)")
+    p.add_argument("--json", action="store_true", default=False if top else argparse.SUPPRESS,
+                   help="print JSON on stdout (for scripts)")
+    p.add_argument("--ssh-config", metavar="FILE", default=d, help="SSH client config (default ~/.ssh/config)")
+    p.add_argument("--known-hosts", metavar="FILE", default=d, help="known_hosts file (default ~/.ssh/known_hosts)")
+    p.add_argument("--accept-new-host-key", action="store_true",
+                   default=False if top else argparse.SUPPRESS,
+                   help="trust and record host keys not yet in known_hosts (never a changed one)")
+
+
+def config_path(args: argparse.Namespace) -> tuple[Path, str]:
+    """Where the fleet config is read from, and why: --config, then $GPUCTL_CONFIG, then
+    $XDG_CONFIG_HOME/gpuctl/fleet.toml."""
+    from gpuctl.config import default_config_path
+
+    if getattr(args, "config", None):
+        return Path(args.config), "--config"
+    if os.environ.get("GPUCTL_CONFIG"):
+        return Path(os.environ["GPUCTL_CONFIG"]), "$GPUCTL_CONFIG"
+    return default_config_path(), "the default path"
+
+
+def load_config(args: argparse.Namespace):
+    """The fleet config (gpuctl.config.FleetConfig). Raises CliError (CONFIG) naming the path and
+    where it came from when there is no file, gpuctl.config.ConfigError when it is invalid."""
+    from gpuctl.config import load_config as load
+
+    path, origin = config_path(args)
+    if nothing_at(path):
+        hint = ("" if origin == "--config" else
+                " or pass --config FILE (or set GPUCTL_CONFIG)")
+        raise CliError(
+            f"no fleet config at {path} (from {origin}): write one (see README 'Config file'){hint}; "
+            f"`gpuctl demo` runs without one", ExitCode.CONFIG)
+    return load(path)
+
+
+def load_config_if_any(args: argparse.Namespace):
+    """The fleet config when --config names one (it must exist) or one is at the usual place; None
+    otherwise (verbs that also work without a fleet config, e.g. `node bootstrap HOST`)."""
+    from gpuctl.config import load_config as load
+
+    if getattr(args, "config", None):
+        return load(args.config)
+    path, _ = config_path(args)
+    return None if nothing_at(path) else load(path)
+
+
+def nothing_at(path: Path) -> bool:
+    """True only when nothing, not even a dangling link, is at `path` (ENOENT); a symlink loop, a
+    directory that cannot be traversed, ... are for gpuctl.config.load_config to name (exit 3)."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def require_nodes(cfg: Any) -> None:
+    """gpuctl.config.ConfigError when the config defines no nodes (every verb that reads it, and
+    `config check`: an OK there means they can run)."""
+    from gpuctl.config import ConfigError
+
+    if not cfg.nodes:
+        raise ConfigError(str(cfg.path), "defines no nodes: add a [[node]] table (see README 'Config file')")
+
+
+def check_node(cfg: Any, name: str | None, flag: str = "--node") -> None:
+    """Raise UsageError naming `flag` when `name` is given and not a node of the config."""
+    if name and cfg.node(name) is None:
+        raise UsageError(f"{flag}: unknown node {name!r} (known: {', '.join(n.name for n in cfg.nodes)})")
+
+
+def transport_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The SSH flags as keyword arguments of gpuctl.transport.ssh.SshTransport and
+    gpuctl.fleet.client.default_transport_factory."""
+    return {"ssh_config_path": getattr(args, "ssh_config", None),
+            "known_hosts_path": getattr(args, "known_hosts", None),
+            "accept_new_host_key": bool(getattr(args, "accept_new_host_key", False))}
+
+
+def open_fleet(args: argparse.Namespace, cfg: Any):
+    """A gpuctl.fleet.client.FleetClient on the config's nodes (the caller closes it). Raises
+    gpuctl.config.ConfigError when the config defines no node."""
+    from gpuctl.fleet.client import FleetClient, default_transport_factory
+
+    require_nodes(cfg)
+    return FleetClient(cfg, default_transport_factory(**transport_options(args)))
+
+
+def require_terminal() -> None:
+    """Raise UsageError unless stdin and the console's output (stderr, where Textual draws) are a
+    terminal: the console never takes over a pipe or a cron job's output."""
+    if not (sys.stdin.isatty() and sys.__stderr__ is not None and sys.__stderr__.isatty()):
+        raise UsageError("the console needs a terminal (stdin and stderr); for scripts use a verb with "
+                         "--json, e.g. `gpuctl status --json` (see `gpuctl --help`)")

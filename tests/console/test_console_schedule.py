@@ -1,0 +1,126 @@
+"""The console's schedule and audit screens (gpuctl.screens.schedule, gpuctl.screens.audit) driven
+with Pilot against a real gpuctld (local socket) through the same services as the CLI."""
+
+from __future__ import annotations
+
+import pytest
+from textual.app import App
+from textual.widgets import DataTable, Input, Static
+
+from daemon_proc import start_daemon, uds_client
+from gpuctl.fleet.client import FleetClient
+from gpuctl.config import load_config
+from gpuctl.fleet.schedule import FleetSchedule
+from gpuctl.screens.audit import AuditScreen
+from gpuctl.screens.schedule import ScheduleScreen
+
+CONFIG = """
+[[department]]
+name = "research"
+priority = 10
+
+[[node]]
+name = "n1"
+transport = "local"
+socket = "{s1}"
+"""
+
+
+class Host(App):
+    """A bare app holding one screen (the screens never import gpuctl's app)."""
+
+    def __init__(self, screen):
+        super().__init__()
+        self._first = screen
+
+    def on_mount(self) -> None:
+        self.push_screen(self._first)
+
+
+@pytest.fixture
+def node(tmp_path):
+    d = start_daemon(tmp_path, gpus=2, seed=71, name="n1")
+    cfg = tmp_path / "fleet.toml"
+    cfg.write_text(CONFIG.format(s1=d.socket_path))
+    fleet = FleetClient(load_config(cfg))
+    try:
+        yield d, FleetSchedule(fleet)
+    finally:
+        fleet.close()
+        d.stop()
+
+
+async def _settle(app, pilot):
+    for _ in range(3):
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+
+
+def _entries(d):
+    with uds_client(d.socket_path) as c:
+        return c.get("/v1/schedule").json()["entries"]
+
+
+async def test_schedule_screen_adds_lists_and_cancels(node):
+    d, source = node
+    screen = ScheduleScreen(source)
+    app = Host(screen)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await _settle(app, pilot)
+        assert screen.query_one(DataTable).row_count == 0
+        await pilot.press("a")
+        for field, text in (("at", "+2h"), ("from", "unassigned"), ("to", "research"), ("amount", "1")):
+            screen.query_one(f"#form-{field}", Input).value = text
+        screen.query_one("#form-amount", Input).focus()
+        await pilot.press("enter")
+        await _settle(app, pilot)
+        (e,) = _entries(d)
+        assert (e["from"], e["to"], e["status"], len(e["slice_ids"])) == ("unassigned", "research", "planned", 1)
+        table = screen.query_one(DataTable)
+        assert table.row_count == 1
+        assert table.get_row_at(0)[0] == e["id"] and table.get_row_at(0)[6] == "planned"
+        assert f"as {e['id']}" in str(screen.query_one("#schedule-status", Static).render())
+        table.focus()
+        await pilot.press("c")
+        await _settle(app, pilot)
+        assert _entries(d)[0]["status"] == "cancelled"
+        assert screen.query_one(DataTable).get_row_at(0)[6] == "cancelled"
+
+
+async def test_schedule_form_errors_are_shown_and_nothing_is_installed(node):
+    d, source = node
+    screen = ScheduleScreen(source)
+    app = Host(screen)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await _settle(app, pilot)
+        for field, text in (("at", "yesterday"), ("from", "unassigned"), ("to", "research"), ("amount", "1")):
+            screen.query_one(f"#form-{field}", Input).value = text
+        screen.query_one("#form-at", Input).focus()
+        await pilot.press("enter")
+        await _settle(app, pilot)
+        assert "not scheduled: time: 'yesterday' is not a time" in str(screen.query_one("#schedule-status", Static).render())
+        screen.query_one("#form-at", Input).value = "+1h"
+        screen.query_one("#form-to", Input).value = "marketing"
+        await pilot.press("enter")
+        await _settle(app, pilot)
+        assert "unknown department 'marketing'" in str(screen.query_one("#schedule-status", Static).render())
+    assert _entries(d) == []
+
+
+async def test_audit_screen_lists_records_and_filters(node):
+    d, source = node
+    source.add("+1h", "unassigned", "research", "1", __import__("time").time())
+    screen = AuditScreen(source.audit)
+    app = Host(screen)
+    async with app.run_test(size=(160, 30)) as pilot:
+        await _settle(app, pilot)
+        table = screen.query_one(DataTable)
+        total = table.row_count
+        assert total >= 3  # slices created at start-up, schedule add begin and end
+        await pilot.press("slash")
+        for ch in "schedule add":
+            await pilot.press("space" if ch == " " else ch)
+        await pilot.pause()
+        assert table.row_count == 2
+        assert all(table.get_row_at(i)[3] == "schedule add" for i in range(2))
+        assert "2 of" in str(screen.query_one("#audit-status", Static).render())

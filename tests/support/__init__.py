@@ -1,0 +1,1 @@
+"""Helpers shared by the test folders: a real sshd, gpuctld processes, fake NVML, fleet fixtures."""
