@@ -29,10 +29,10 @@ import torch
 
 from gpuctl.remote._connection import AttachError, AttachSpec, Connection, WorkerLostError, parse_attach
 from gpuctl.torch import _backend, _tensor
-from gpuctl.torch._tensor import RemoteTensor
+from gpuctl.torch._tensor import RemoteTensor, WorkerLost
 
 __all__ = ["attach", "detach", "device", "is_attached", "stats", "synchronize", "RemoteTensor", "AttachError",
-           "WorkerLostError"]
+           "WorkerLostError", "WorkerLost"]
 
 _pending_seed: list[int] = []
 

@@ -33,6 +33,7 @@ _DT_NAMES = {getattr(torch, n): n for n in torch_ops.TORCH_DTYPES}
 _MF_NAMES = {getattr(torch, n): n for n in torch_ops.MEMORY_FORMATS}
 _NAMES: dict[Any, str] = {}
 _CACHE: dict[Any, Any] = {}
+_MISSING = object()
 _state = threading.local()
 
 
@@ -52,6 +53,11 @@ def conn() -> Any:
 
         raise AttachError("gpuctl.torch is not attached: call gpuctl.torch.device() or gpuctl.torch.attach(...)")
     return c
+
+
+class WorkerLost(RuntimeError):
+    """The connection to the lease's worker broke (worker ended, lease expired or revoked, network
+    failure); raised by tensor operations. The message names the lease and endpoint."""
 
 
 class _Storage:
@@ -88,7 +94,10 @@ class RemoteTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        return dispatch(func, args, kwargs or {})
+        try:
+            return dispatch(func, args, kwargs or {})
+        except ConnectionError as e:  # an OSError does not cross autograd's engine: a RuntimeError does
+            raise WorkerLost(str(e)) from None
 
     # -- host side -------------------------------------------------------------------------------
     def __repr__(self, *, tensor_contents: Any = None) -> str:
@@ -279,14 +288,14 @@ def dispatch_generic(func: Any, args: tuple, kwargs: dict) -> Any:
         raise NotImplementedError(f"gpuctl.torch: {name} is not supported on {_DEVICE} tensors (not in the "
                                   f"worker's allow-list)")
     key = (func, _sig(args), tuple((k, _sig(v)) for k, v in kwargs.items()) if kwargs else None)
-    spec = _CACHE.get(key)
-    if spec is None:
+    spec = _CACHE.get(key, _MISSING)
+    if spec is _MISSING:
         try:
             spec = _infer(func, args, kwargs)
         except _DataDependent:
             return _data_dependent(func, name, args, kwargs)
         _CACHE[key] = spec
-    if packet in torch_ops.VIEW_OPS and spec[0] == "n":
+    if packet in torch_ops.VIEW_OPS and spec is not None and spec[0] == "n":
         base = args[0]
         if type(base) is RemoteTensor and len(base._chain) < torch_ops.MAX_VIEW_CHAIN:
             step = (name, _enc(list(args[1:]), name))
@@ -298,7 +307,7 @@ def dispatch_generic(func: Any, args: tuple, kwargs: dict) -> Any:
     eargs = _enc(args, name)
     ekw = {k: _enc(v, name) for k, v in kwargs.items()} if kwargs else None
     c.enqueue(name, outs if any(outs) else [], eargs, ekw)
-    if spec[0] == "v":
+    if spec is not None and spec[0] == "v":
         return _sync_call(c, "value", [])
     return result
 
@@ -413,6 +422,13 @@ def _local_scalar_dense(func: Any, args: tuple, kwargs: dict) -> Any:
     return fetch(args[0]).item()
 
 
+def _cpu_indices(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Indexing accepts CPU index tensors with device tensors (as CUDA does): they are sent."""
+    idx = [upload(i) if isinstance(i, torch.Tensor) and not isinstance(i, RemoteTensor) else i
+           for i in args[1]]
+    return dispatch_generic(func, (args[0], idx) + tuple(args[2:]), kwargs)
+
+
 def _sdp_choice(func: Any, args: tuple, kwargs: dict) -> int:
     return 0  # SDPBackend.math: attention decomposes into allow-listed ops
 
@@ -423,11 +439,25 @@ _SPECIAL: dict[Any, Any] = {
     aten.copy_.default: _copy_,
     aten._local_scalar_dense.default: _local_scalar_dense,
 }
+for _op in (aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default):
+    _SPECIAL[_op] = _cpu_indices
 if hasattr(aten, "_fused_sdp_choice"):
     _SPECIAL[aten._fused_sdp_choice.default] = _sdp_choice
 
 
 # -- factory kernels (PrivateUse1) ----------------------------------------------------------------
+def _lost_as_runtime(fn: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ConnectionError as e:
+            raise WorkerLost(str(e)) from None
+
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+@_lost_as_runtime
 def empty_memory_format(size: Any, dtype: Any = None, layout: Any = None, device: Any = None,
                         pin_memory: Any = None, memory_format: Any = None) -> RemoteTensor:
     dtype = dtype or torch.get_default_dtype()
@@ -440,6 +470,7 @@ def empty_memory_format(size: Any, dtype: Any = None, layout: Any = None, device
     return t
 
 
+@_lost_as_runtime
 def empty_strided(size: Any, stride: Any, dtype: Any = None, layout: Any = None, device: Any = None,
                   pin_memory: Any = None) -> RemoteTensor:
     dtype = dtype or torch.get_default_dtype()
