@@ -96,7 +96,7 @@ class RemoteTensor(torch.Tensor):
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         try:
             return dispatch(func, args, kwargs or {})
-        except ConnectionError as e:  # an OSError does not cross autograd's engine: a RuntimeError does
+        except ConnectionError as e:
             raise WorkerLost(str(e)) from None
 
     # -- host side -------------------------------------------------------------------------------
@@ -306,10 +306,20 @@ def dispatch_generic(func: Any, args: tuple, kwargs: dict) -> Any:
     result = _build(spec, flat_in, outs)
     eargs = _enc(args, name)
     ekw = {k: _enc(v, name) for k, v in kwargs.items()} if kwargs else None
-    c.enqueue(name, outs if any(outs) else [], eargs, ekw)
+    _send(c, name, outs if any(outs) else [], eargs, ekw)
     if spec is not None and spec[0] == "v":
         return _sync_call(c, "value", [])
     return result
+
+
+def _send(c: Any, name: str, outs: list, args: list, kwargs: dict | None) -> None:
+    """Queue one op. Inside a backward pass a lost connection is not raised (an exception thrown
+    in autograd's device thread can abort the process): the next synchronization raises it."""
+    try:
+        c.enqueue(name, outs, args, kwargs)
+    except ConnectionError:
+        if torch._C._current_graph_task_id() == -1:
+            raise
 
 
 def _data_dependent(func: Any, name: str, args: tuple, kwargs: dict) -> Any:
@@ -466,7 +476,7 @@ def empty_memory_format(size: Any, dtype: Any = None, layout: Any = None, device
     kw = {"dtype": {"dt": _DT_NAMES[dtype]}, "device": {"dev": "lease"}}
     if memory_format is not None:
         kw["memory_format"] = {"mf": _MF_NAMES[memory_format]}
-    conn().enqueue("aten.empty.memory_format", [h], [list(size)], kw)
+    _send(conn(), "aten.empty.memory_format", [h], [list(size)], kw)
     return t
 
 
@@ -475,6 +485,6 @@ def empty_strided(size: Any, stride: Any, dtype: Any = None, layout: Any = None,
                   pin_memory: Any = None) -> RemoteTensor:
     dtype = dtype or torch.get_default_dtype()
     t, h = _fresh((tuple(size), tuple(stride), 0, dtype))
-    conn().enqueue("aten.empty_strided.default", [h], [list(size), list(stride)],
+    _send(conn(), "aten.empty_strided.default", [h], [list(size), list(stride)],
                    {"dtype": {"dt": _DT_NAMES[dtype]}, "device": {"dev": "lease"}})
     return t
