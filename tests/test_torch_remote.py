@@ -128,6 +128,16 @@ def test_views_inplace_indexing_and_host_copies(dev):
     assert h.cpu().dtype == torch.bfloat16 and h.device == dev
 
 
+def test_factories_that_size_their_output(dev):
+    assert torch.arange(5, device=dev).tolist() == list(range(5))
+    assert torch.arange(1, 2, 0.25, device=dev).tolist() == [1.0, 1.25, 1.5, 1.75]
+    _close(torch.linspace(0, 1, 7, device=dev), torch.linspace(0, 1, 7))
+    _close(torch.eye(3, device=dev), torch.eye(3))
+    out = torch.empty(2, device=dev)
+    with pytest.raises(NotImplementedError, match=r"out= tensor of shape \(2,\) would be resized to \(3, 4\)"):
+        torch.add(torch.ones(3, 4, device=dev), 1, out=out)
+
+
 def test_manual_seed_reaches_the_worker(dev):
     torch.manual_seed(7)
     r = torch.randn(5, device=dev).cpu()

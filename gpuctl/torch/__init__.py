@@ -52,7 +52,8 @@ def synchronize() -> None:
 
 
 def _setup() -> None:
-    _backend.setup(_tensor.empty_memory_format, _tensor.empty_strided)
+    _backend.setup(_tensor.empty_memory_format, _tensor.empty_strided, _tensor.factory_kernel,
+                   _tensor.RESIZING_FACTORIES)
     _backend._BackendModule.seed_hook = staticmethod(_seed)
     _backend._BackendModule.sync_hook = staticmethod(synchronize)
 

@@ -88,7 +88,9 @@ class _BackendModule:
             cls.sync_hook()
 
 
-def setup(empty_memory_format: Callable[..., Any], empty_strided: Callable[..., Any]) -> None:
+def setup(empty_memory_format: Callable[..., Any], empty_strided: Callable[..., Any],
+          factory_kernel: Callable[[Any], Callable[..., Any]] | None = None,
+          factories: tuple[str, ...] = ()) -> None:
     """Register the gpuctl device (once per process). Raises RuntimeError when another library
     already took PyTorch's PrivateUse1 backend under another name, or this torch is too old."""
     global _ready
@@ -108,6 +110,13 @@ def setup(empty_memory_format: Callable[..., Any], empty_strided: Callable[..., 
         lib = torch.library.Library("aten", "IMPL")
         lib.impl("empty.memory_format", empty_memory_format, "PrivateUse1")
         lib.impl("empty_strided", empty_strided, "PrivateUse1")
+        for name in factories:
+            packet = getattr(torch.ops.aten, name)
+            for overload in packet.overloads():
+                if "out" in overload:
+                    continue
+                lib.impl(name if overload == "default" else f"{name}.{overload}",
+                         factory_kernel(getattr(packet, overload)), "PrivateUse1")
         fallback = torch.library.Library("_", "IMPL")
         fallback.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
         autocast = torch.library.Library("aten", "IMPL")

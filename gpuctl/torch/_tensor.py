@@ -210,7 +210,7 @@ def _spec_of(out: Any, flat_in: list) -> Any:
     if isinstance(out, torch.Tensor):
         for i, m in enumerate(flat_in):
             if m is out:
-                return ("a", i)
+                return ("a", i, tuple(out.shape))
         return ("n", (tuple(out.shape), out.stride(), out.storage_offset(), out.dtype))
     if out is None:
         return None
@@ -255,7 +255,11 @@ def _build(spec: Any, flat_in: list, outs: list) -> Any:
         return t
     if kind == "a":
         outs.append(0)
-        return flat_in[spec[1]]
+        t = flat_in[spec[1]]
+        if len(spec) > 2 and tuple(t.shape) != spec[2]:
+            raise NotImplementedError(f"gpuctl.torch: an out= tensor of shape {tuple(t.shape)} would be resized to "
+                                      f"{spec[2]}; pass an out= tensor of the result's shape")
+        return t
     if kind == "v":
         return None
     items = [_build(s, flat_in, outs) for s in spec[1]]
@@ -301,7 +305,7 @@ def dispatch_generic(func: Any, args: tuple, kwargs: dict) -> Any:
             step = (name, _enc(list(args[1:]), name))
             return _new(spec[1], base._st, base._chain + (step,))
     c = conn()
-    flat_in = _flat_tensors((args, kwargs), [])
+    flat_in = _flat_tensors((args, tuple(kwargs.values())), [])
     outs: list = []
     result = _build(spec, flat_in, outs)
     eargs = _enc(args, name)
@@ -465,6 +469,25 @@ def _lost_as_runtime(fn: Any) -> Any:
 
     wrapper.__doc__ = fn.__doc__
     return wrapper
+
+
+def factory_kernel(op: Any) -> Any:
+    """A PrivateUse1 kernel for factory `op` whose composite form would resize an out= tensor
+    (arange, linspace, randperm, eye): the worker runs the op itself with the lease's device."""
+    name = _name(op)
+
+    @_lost_as_runtime
+    def kernel(*args: Any, **kwargs: Any) -> RemoteTensor:
+        m = op(*args, **{**kwargs, "device": _META})
+        t, h = _fresh((tuple(m.shape), m.stride(), 0, m.dtype))
+        _send(conn(), name, [h], _enc(args, name), {k: _enc(v, name) for k, v in kwargs.items()})
+        return t
+
+    return kernel
+
+
+#: Factory ops given their own PrivateUse1 kernel (see factory_kernel).
+RESIZING_FACTORIES = ("arange", "linspace", "logspace", "randperm", "eye")
 
 
 @_lost_as_runtime
