@@ -84,6 +84,7 @@ class TorchExecutor:
         if self.device.type == "cuda":
             total = torch.cuda.get_device_properties(self.device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, self.quota_bytes / total), self.device)
+            torch.backends.cudnn.benchmark = True  # training's usual setting: repeated shapes, fastest kernels
         self._ops: dict[str, Any] = {}
         self.dtypes = {n: getattr(torch, n) for n in torch_ops.TORCH_DTYPES}
         self.memory_formats = {n: getattr(torch, n) for n in torch_ops.MEMORY_FORMATS}
@@ -155,6 +156,7 @@ class TorchSession(Session):
         self.torch = executor.torch
         self.tensor_type = executor.torch.Tensor
         self.last_value: Any = None
+        self._size_arg: dict[str, int] = {}
 
     # -- arguments -----------------------------------------------------------------------------
     def _tensor(self, h: Any) -> Any:
@@ -279,8 +281,10 @@ class TorchSession(Session):
 
     def _precheck(self, name: str, args: list, kwargs: dict, what: str) -> None:
         """Refuse a factory op whose output would not fit in the quota, before it allocates."""
-        pos = _FACTORY_SIZE_ARG.get(name.split(".")[1])
-        if pos is None or len(args) <= pos or type(args[pos]) is not list:
+        pos = self._size_arg.get(name)
+        if pos is None:
+            pos = self._size_arg[name] = _FACTORY_SIZE_ARG.get(name.split(".")[1], -1)
+        if pos < 0 or len(args) <= pos or type(args[pos]) is not list:
             return
         size = args[pos]
         if not all(type(d) is int and d >= 0 for d in size) or len(size) > self.limits.max_ndim:

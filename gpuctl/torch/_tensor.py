@@ -234,6 +234,16 @@ def _infer(func: Any, args: tuple, kwargs: dict) -> Any:
     return _spec_of(out, flat)
 
 
+def _has_alias(spec: Any) -> bool:
+    if spec is None:
+        return False
+    if spec[0] == "a":
+        return True
+    if spec[0] in ("list", "tuple"):
+        return any(_has_alias(x) for x in spec[1])
+    return False
+
+
 def _flat_tensors(v: Any, acc: list) -> list:
     if isinstance(v, torch.Tensor):
         acc.append(v)
@@ -305,9 +315,12 @@ def dispatch_generic(func: Any, args: tuple, kwargs: dict) -> Any:
             step = (name, _enc(list(args[1:]), name))
             return _new(spec[1], base._st, base._chain + (step,))
     c = conn()
-    flat_in = _flat_tensors((args, tuple(kwargs.values())), [])
     outs: list = []
-    result = _build(spec, flat_in, outs)
+    if spec is not None and spec[0] == "n":  # the common case: one new tensor
+        result, h = _fresh(spec[1])
+        outs.append(h)
+    else:
+        result = _build(spec, _flat_tensors((args, tuple(kwargs.values())), []) if _has_alias(spec) else [], outs)
     eargs = _enc(args, name)
     ekw = {k: _enc(v, name) for k, v in kwargs.items()} if kwargs else None
     _send(c, name, outs if any(outs) else [], eargs, ekw)
