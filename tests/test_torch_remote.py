@@ -271,22 +271,60 @@ def _train(env_extra, steps):
     return env, [sys.executable, os.path.join(ROOT, "examples", "resnet_train.py"), "--steps", str(steps), "--json"]
 
 
-def test_example_20_steps_through_gpuctl_run_matches_local(tmp_path):
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
     from gpuctl.demo import start_demo_fleet
 
+    fleet = start_demo_fleet(nodes=1, gpus=8, seed=0, root=tmp_path_factory.mktemp("demo"))
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+def _leases(demo):
+    from daemon_proc import uds_client
+
+    with uds_client(demo.nodes[0].socket) as c:
+        return c.get("/v1/leases").json()["leases"]
+
+
+def test_example_20_steps_through_gpuctl_run_matches_local(demo):
     env, argv = _train({}, 20)
     local = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert local.returncode == 0, local.stderr
-    fleet = start_demo_fleet(nodes=1, gpus=8, seed=0, root=tmp_path)
-    try:
-        r = subprocess.run([sys.executable, "-m", "gpuctl.cli", "--config", str(fleet.config_path), "run", "--dept",
-                            "research", "--gpus", "0.5", "--", *argv], env=env, capture_output=True, text=True,
-                           timeout=300)
-    finally:
-        fleet.stop()
+    r = subprocess.run([sys.executable, "-m", "gpuctl.cli", "--config", str(demo.config_path), "run", "--dept",
+                        "research", "--gpus", "0.5", "--", *argv], env=env, capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stderr
     lo, re_ = json.loads(local.stdout.splitlines()[-1]), json.loads(r.stdout.splitlines()[-1])
     assert lo["device"] == "cpu" and re_["device"] == "gpuctl:0"
     assert len(re_["loss"]) == 20
     torch.testing.assert_close(torch.tensor(re_["loss"]), torch.tensor(lo["loss"]), rtol=1e-5, atol=0)
     assert re_["loss"][-1] < re_["loss"][0]
+    assert _leases(demo) == []
+
+
+def test_worker_killed_under_gpuctl_run_frees_the_slice(demo):
+    import signal
+    import time
+
+    env, argv = _train({}, 100000)
+    p = subprocess.Popen([sys.executable, "-m", "gpuctl.cli", "--config", str(demo.config_path), "run", "--dept",
+                          "research", "--gpus", "0.5", "--", *argv], env=env, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().startswith("step 1 loss")
+        (lease,) = _leases(demo)
+        os.kill(lease["worker_pid"], signal.SIGKILL)  # mid-training
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 1, err
+    assert f"WorkerLost: lost the connection to the worker of lease {lease['id']}" in err
+    deadline = time.monotonic() + 10
+    while _leases(demo) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _leases(demo) == []  # the slice is free again
