@@ -81,7 +81,7 @@ class RemoteTensor(torch.Tensor):
     """A tensor on the leased slice (device ``gpuctl:0``). Use it as any torch.Tensor."""
 
     __torch_function__ = torch._C._disabled_torch_function_impl
-    __slots__ = ("_st", "_chain", "_enc")
+    __slots__ = ("_st", "_chain", "_enc", "_key")
 
     @staticmethod
     def __new__(cls, size: Any, stride: Any, offset: int, dtype: torch.dtype, st: _Storage, chain: tuple = ()):
@@ -89,6 +89,7 @@ class RemoteTensor(torch.Tensor):
                                                 device=_DEVICE, requires_grad=False)
         r._st = st
         r._chain = chain
+        r._key = (tuple(size), tuple(stride), offset, dtype, _backend.NAME)
         r._enc = {"h": st.h} if not chain else {"hv": [st.h, [list(s) for s in chain]]}
         return r
 
@@ -181,11 +182,14 @@ def _enc(v: Any, name: str) -> Any:
 
 # -- metadata ---------------------------------------------------------------------------------------
 def _sig(v: Any) -> Any:
+    """The part of an argument that decides the op's output metadata (cache key)."""
     t = type(v)
-    if t is RemoteTensor or isinstance(v, torch.Tensor):
-        return (v.shape, v.stride(), v.storage_offset(), v.dtype, v.device.type)
+    if t is RemoteTensor:
+        return v._key
     if t is list or t is tuple:
-        return tuple(_sig(x) for x in v)
+        return tuple([_sig(x) for x in v])
+    if isinstance(v, torch.Tensor):
+        return (tuple(v.shape), v.stride(), v.storage_offset(), v.dtype, v.device.type)
     return v
 
 
