@@ -17,6 +17,9 @@ is the baseline; every case runs local first, then remote, with the same model, 
   Remote attention runs the math path (gpuctl.torch has no fused attention); local runs with
   PyTorch's default (flash) and with the math path, both reported.
 
+Last, the client's own cost per step with nothing sent (``client alone``): where a ratio misses,
+this says whether the client (meta inference, autograd, encoding) or the worker is the limit.
+
 Timing: wall clock from before the first timed step to a synchronization after the last one
 (``torch.cuda.synchronize()`` locally, ``loss.item()`` remotely). Prints a table and ratios, and
 JSON with ``--out``. Needs torch (and torchvision for ResNet-50) plus gpuctl's dependencies.
@@ -193,6 +196,42 @@ def gpt_case(device: torch.device, quick: bool, steps: int, sync: Callable[[torc
     return {"tokens_per_s": batch * seq * steps / dt, "ms_per_step": 1000 * dt / steps, "last_loss": last}
 
 
+def client_overhead(device: torch.device, quick: bool, steps: int = 5) -> dict[str, Any]:
+    """The client's own cost of a ResNet training step (meta inference, autograd, encoding), with
+    nothing sent: the connection's enqueue is replaced by a counter for these steps, then the
+    connection is closed (call last). Figure: ms per step and us per ATen op sent."""
+    import gpuctl.torch as gt
+
+    torch.manual_seed(0)
+    model, name = resnet(quick)
+    model = model.to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(2, 3, 64, 64).to(device)
+    y = torch.randint(0, 1000, (2,)).to(device)
+
+    def step() -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(2):
+        step()
+    step().item()
+    conn = gt._tensor.conn()
+    sent: list[str] = []
+    conn.enqueue = lambda name, outs, args, kwargs=None: sent.append(name)
+    conn._take_frees = lambda: conn._pending_free.clear()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    dt = (time.perf_counter() - t0) / steps
+    gt.detach()
+    ops = len(sent) / steps
+    return {"model": name, "ms_per_step": 1000 * dt, "ops_per_step": ops, "us_per_op": 1e6 * dt / ops}
+
+
 # -- main --------------------------------------------------------------------------------------------
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -279,6 +318,13 @@ def main() -> None:
             results["worker_stats"] = gt.stats()
         except Exception as e:  # noqa: BLE001
             results["worker_stats"] = {"error": str(e)}
+        try:
+            co = client_overhead(remote_dev, args.quick)  # last: it closes the connection
+            results["client_overhead"] = co
+            print(f"client alone ({co['model']}, nothing sent): {co['ms_per_step']:.1f} ms/step, "
+                  f"{co['ops_per_step']:.0f} ops/step, {co['us_per_op']:.1f} us/op")
+        except Exception as e:  # noqa: BLE001
+            print(f"client overhead failed: {type(e).__name__}: {str(e)[:300]}")
         gt.detach()
         if args.out:
             with open(args.out, "w") as f:

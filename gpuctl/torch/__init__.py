@@ -35,6 +35,8 @@ __all__ = ["attach", "detach", "device", "is_attached", "stats", "synchronize", 
            "WorkerLostError", "WorkerLost"]
 
 _pending_seed: list[int] = []
+#: Seconds the handshake may take (the worker imports torch and initializes CUDA at the first one).
+ATTACH_TIMEOUT_S = 120.0
 
 
 def _seed(seed: int) -> None:
@@ -83,7 +85,8 @@ def attach(endpoint: str | None = None, token: str | bytes | None = None, lease_
         spec = AttachSpec(host.strip("[]"), int(port), lease_id,
                           bytes.fromhex(token) if isinstance(token, str) else bytes(token))
     _setup()
-    conn = Connection(spec, ssh=ssh, hello={"client": "gpuctl.torch", "executor": "torch"})
+    # the worker starts torch (and CUDA) at its first torch connection: allow it time to answer
+    conn = Connection(spec, timeout_s=ATTACH_TIMEOUT_S, ssh=ssh, hello={"client": "gpuctl.torch", "executor": "torch"})
     if conn.executor != "torch":
         conn.close()
         raise AttachError(f"the worker of lease {spec.lease_id} at {conn.endpoint} does not run gpuctl.torch "
