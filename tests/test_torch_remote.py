@@ -128,6 +128,25 @@ def test_views_inplace_indexing_and_host_copies(dev):
     assert h.cpu().dtype == torch.bfloat16 and h.device == dev
 
 
+def test_numbers_from_the_worker_and_common_ops_equal_local(dev):
+    a = torch.arange(6.0).reshape(2, 3)
+    r = a.to(dev)
+    assert torch.equal(r, r.clone()) and not torch.equal(r, r + 1)
+    assert bool(r.sum() > 3) and torch.allclose(r, r + 1e-9) and not torch.allclose(r, r + 1)
+    assert r.max().item() == 5.0 and r.argmax(1).tolist() == a.argmax(1).tolist()
+    assert r.topk(2, dim=1).values.tolist() == a.topk(2, dim=1).values.tolist()
+    _close(r.mean(0), a.mean(0))
+    _close(r.std(), a.std())
+    assert (r / 0).isinf().any().item() is True
+    assert [t.shape for t in torch.cat([r, r]).split(2)] == [torch.Size([2, 3])] * 2
+    _close(torch.where(r > 2, r, torch.zeros_like(r)), torch.where(a > 2, a, torch.zeros_like(a)))
+    assert r.unsqueeze(0).expand(3, 2, 3).sum().item() == 45.0
+    idx = torch.tensor([0, 2])
+    r[:, idx] = 5.0
+    a[:, idx] = 5.0
+    _close(r, a)
+
+
 def test_factories_that_size_their_output(dev):
     assert torch.arange(5, device=dev).tolist() == list(range(5))
     assert torch.arange(1, 2, 0.25, device=dev).tolist() == [1.0, 1.25, 1.5, 1.75]

@@ -65,7 +65,7 @@ _foreach_zero_ _foreach_copy_ _foreach_pow _foreach_pow_ _foreach_reciprocal _fo
 _foreach_abs _foreach_clamp_min _foreach_clamp_min_ _foreach_clamp_max _foreach_clamp_max_ _foreach_exp
 _foreach_exp_ _foreach_rsqrt _foreach_rsqrt_
 _fused_adam_ _fused_adamw_ _fused_sgd_
-_local_scalar_dense is_nonzero equal isclose _amp_foreach_non_finite_check_and_unscale_ _amp_update_scale_
+_local_scalar_dense is_nonzero equal isclose allclose _amp_foreach_non_finite_check_and_unscale_ _amp_update_scale_
 """.split())
 
 #: View operators the client computes without a message (output metadata from meta tensors) and

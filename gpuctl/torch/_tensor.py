@@ -33,6 +33,8 @@ _DT_NAMES = {getattr(torch, n): n for n in torch_ops.TORCH_DTYPES}
 _MF_NAMES = {getattr(torch, n): n for n in torch_ops.MEMORY_FORMATS}
 _NAMES: dict[Any, str] = {}
 _CACHE: dict[Any, Any] = {}
+#: Output metadata cached per (op, input metadata); cleared when it grows past this many entries.
+MAX_CACHED_SIGNATURES = 1 << 16
 _MISSING = object()
 _state = threading.local()
 
@@ -305,9 +307,15 @@ def dispatch_generic(func: Any, args: tuple, kwargs: dict) -> Any:
     if packet not in torch_ops.ATEN_OPS:
         raise NotImplementedError(f"gpuctl.torch: {name} is not supported on {_DEVICE} tensors (not in the "
                                   f"worker's allow-list)")
+    if func in _SCALAR_OPS or _returns_scalar(func):  # equal, is_nonzero, allclose: the worker's answer
+        c = conn()
+        c.enqueue(name, [], _enc(args, name), {k: _enc(v, name) for k, v in kwargs.items()} or None)
+        return _sync_call(c, "value", [])
     key = (func, _sig(args), tuple((k, _sig(v)) for k, v in kwargs.items()) if kwargs else None)
     spec = _CACHE.get(key, _MISSING)
     if spec is _MISSING:
+        if len(_CACHE) >= MAX_CACHED_SIGNATURES:
+            _CACHE.clear()
         try:
             spec = _infer(func, args, kwargs)
         except _DataDependent:
@@ -341,6 +349,22 @@ def _send(c: Any, name: str, outs: list, args: list, kwargs: dict | None) -> Non
     except ConnectionError:
         if torch._C._current_graph_task_id() == -1:
             raise
+
+
+_SCALAR_OPS: set[Any] = set()
+_TENSOR_OPS: set[Any] = set()
+
+
+def _returns_scalar(func: Any) -> bool:
+    """True for ops returning one Python number or bool (their value needs the worker)."""
+    if func in _TENSOR_OPS:
+        return False
+    rets = func._schema.returns
+    if len(rets) == 1 and str(rets[0].type) in ("bool", "int", "float", "Scalar"):
+        _SCALAR_OPS.add(func)
+        return True
+    _TENSOR_OPS.add(func)
+    return False
 
 
 def _data_dependent(func: Any, name: str, args: tuple, kwargs: dict) -> Any:
