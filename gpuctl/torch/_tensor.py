@@ -321,7 +321,7 @@ def dispatch_generic(func: Any, args: tuple, kwargs: dict) -> Any:
         except _DataDependent:
             return _data_dependent(func, name, args, kwargs)
         _CACHE[key] = spec
-    if packet in torch_ops.VIEW_OPS and spec is not None and spec[0] == "n":
+    if packet in torch_ops.VIEW_OPS and not kwargs and spec is not None and spec[0] == "n":
         base = args[0]
         if type(base) is RemoteTensor and len(base._chain) < torch_ops.MAX_VIEW_CHAIN:
             step = (name, _enc(list(args[1:]), name))
@@ -466,7 +466,7 @@ def _copy_(func: Any, args: tuple, kwargs: dict) -> Any:
         dst.copy_(fetch(src))
         return dst
     if not isinstance(src, RemoteTensor):
-        if src.dim() == 0 and dst.dim() == 0 or src.device.type == "cpu":
+        if src.device.type == "cpu":
             src = upload(src.to(dst.dtype) if src.dtype not in _DT_NAMES else src)
         else:
             raise RuntimeError(f"gpuctl.torch: cannot copy from a {src.device} tensor")
