@@ -31,7 +31,6 @@ _META = torch.device("meta")
 _CPU = torch.device("cpu")
 _DT_NAMES = {getattr(torch, n): n for n in torch_ops.TORCH_DTYPES}
 _MF_NAMES = {getattr(torch, n): n for n in torch_ops.MEMORY_FORMATS}
-_NAMES: dict[Any, str] = {}
 _CACHE: dict[Any, Any] = {}
 #: Output metadata cached per (op, input metadata); cleared when it grows past this many entries.
 MAX_CACHED_SIGNATURES = 1 << 16
@@ -283,35 +282,57 @@ def _build(spec: Any, flat_in: list, outs: list) -> Any:
 
 
 # -- dispatch ---------------------------------------------------------------------------------------
-def _name(func: Any) -> str:
-    n = _NAMES.get(func)
-    if n is None:
-        n = _NAMES[func] = str(func)
-    return n
+class _OpInfo:
+    """What dispatch needs to know about one OpOverload, computed once (looked up by id(func):
+    OpOverload's own __hash__ is Python code)."""
+
+    __slots__ = ("func", "name", "special", "refusal", "scalar", "view")
+
+    def __init__(self, func: Any):
+        self.func = func  # keeps the id valid
+        self.name = name = str(func)
+        packet = func._opname
+        self.special = _SPECIAL.get(func)
+        self.refusal = None
+        if packet in torch_ops.METADATA_INPLACE_OPS:
+            self.refusal = (f"gpuctl.torch: {name} changes a tensor's shape in place; that is not supported on "
+                            f"{_DEVICE} tensors")
+        elif packet not in torch_ops.ATEN_OPS:
+            self.refusal = f"gpuctl.torch: {name} is not supported on {_DEVICE} tensors (not in the worker's allow-list)"
+        rets = func._schema.returns
+        self.scalar = len(rets) == 1 and str(rets[0].type) in ("bool", "int", "float", "Scalar")
+        self.view = packet in torch_ops.VIEW_OPS
+
+
+_OPS: dict[int, _OpInfo] = {}
 
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
-    special = _SPECIAL.get(func)
-    if special is not None:
-        return special(func, args, kwargs)
-    return dispatch_generic(func, args, kwargs)
+    info = _OPS.get(id(func))
+    if info is None:
+        info = _OPS[id(func)] = _OpInfo(func)
+    if info.special is not None:
+        return info.special(func, args, kwargs)
+    return _generic(info, func, args, kwargs)
 
 
 def dispatch_generic(func: Any, args: tuple, kwargs: dict) -> Any:
-    """Run allow-listed op `func` remotely (see the module docstring)."""
-    name = _name(func)
-    packet = func._opname
-    if packet in torch_ops.METADATA_INPLACE_OPS:
-        raise NotImplementedError(f"gpuctl.torch: {name} changes a tensor's shape in place; that is not supported "
-                                  f"on {_DEVICE} tensors")
-    if packet not in torch_ops.ATEN_OPS:
-        raise NotImplementedError(f"gpuctl.torch: {name} is not supported on {_DEVICE} tensors (not in the "
-                                  f"worker's allow-list)")
-    if func in _SCALAR_OPS or _returns_scalar(func):  # equal, is_nonzero, allclose: the worker's answer
+    """Run allow-listed op `func` remotely (see the module docstring), bypassing special handlers."""
+    info = _OPS.get(id(func))
+    if info is None:
+        info = _OPS[id(func)] = _OpInfo(func)
+    return _generic(info, func, args, kwargs)
+
+
+def _generic(info: _OpInfo, func: Any, args: tuple, kwargs: dict) -> Any:
+    name = info.name
+    if info.refusal is not None:
+        raise NotImplementedError(info.refusal)
+    if info.scalar:  # equal, is_nonzero, allclose: the worker's answer
         c = conn()
         c.enqueue(name, [], _enc(args, name), {k: _enc(v, name) for k, v in kwargs.items()} or None)
         return _sync_call(c, "value", [])
-    key = (func, _sig(args), tuple((k, _sig(v)) for k, v in kwargs.items()) if kwargs else None)
+    key = (id(func), _sig(args), tuple((k, _sig(v)) for k, v in kwargs.items()) if kwargs else None)
     spec = _CACHE.get(key, _MISSING)
     if spec is _MISSING:
         if len(_CACHE) >= MAX_CACHED_SIGNATURES:
@@ -321,21 +342,21 @@ def dispatch_generic(func: Any, args: tuple, kwargs: dict) -> Any:
         except _DataDependent:
             return _data_dependent(func, name, args, kwargs)
         _CACHE[key] = spec
-    if packet in torch_ops.VIEW_OPS and not kwargs and spec is not None and spec[0] == "n":
-        base = args[0]
-        if type(base) is RemoteTensor and len(base._chain) < torch_ops.MAX_VIEW_CHAIN:
-            step = (name, _enc(list(args[1:]), name))
-            return _new(spec[1], base._st, base._chain + (step,))
-    c = conn()
-    outs: list = []
     if spec is not None and spec[0] == "n":  # the common case: one new tensor
+        if info.view and not kwargs:
+            base = args[0]
+            if type(base) is RemoteTensor and len(base._chain) < torch_ops.MAX_VIEW_CHAIN:
+                return _new(spec[1], base._st, base._chain + ((name, _enc(list(args[1:]), name)),))
+        c = conn()
         result, h = _fresh(spec[1])
-        outs.append(h)
+        outs = [h]
     else:
+        c = conn()
+        outs = []
         result = _build(spec, _flat_tensors((args, tuple(kwargs.values())), []) if _has_alias(spec) else [], outs)
-    eargs = _enc(args, name)
-    ekw = {k: _enc(v, name) for k, v in kwargs.items()} if kwargs else None
-    _send(c, name, outs if any(outs) else [], eargs, ekw)
+        if not any(outs):
+            outs = []
+    _send(c, name, outs, _enc(args, name), {k: _enc(v, name) for k, v in kwargs.items()} if kwargs else None)
     if spec is not None and spec[0] == "v":
         return _sync_call(c, "value", [])
     return result
@@ -349,22 +370,6 @@ def _send(c: Any, name: str, outs: list, args: list, kwargs: dict | None) -> Non
     except ConnectionError:
         if torch._C._current_graph_task_id() == -1:
             raise
-
-
-_SCALAR_OPS: set[Any] = set()
-_TENSOR_OPS: set[Any] = set()
-
-
-def _returns_scalar(func: Any) -> bool:
-    """True for ops returning one Python number or bool (their value needs the worker)."""
-    if func in _TENSOR_OPS:
-        return False
-    rets = func._schema.returns
-    if len(rets) == 1 and str(rets[0].type) in ("bool", "int", "float", "Scalar"):
-        _SCALAR_OPS.add(func)
-        return True
-    _TENSOR_OPS.add(func)
-    return False
 
 
 def _data_dependent(func: Any, name: str, args: tuple, kwargs: dict) -> Any:
@@ -515,7 +520,7 @@ def _lost_as_runtime(fn: Any) -> Any:
 def factory_kernel(op: Any) -> Any:
     """A PrivateUse1 kernel for factory `op` whose composite form would resize an out= tensor
     (arange, linspace, randperm, eye): the worker runs the op itself with the lease's device."""
-    name = _name(op)
+    name = str(op)
 
     @_lost_as_runtime
     def kernel(*args: Any, **kwargs: Any) -> RemoteTensor:
