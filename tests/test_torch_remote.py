@@ -223,6 +223,16 @@ def test_wrong_token_refused(worker):
     assert not gt.is_attached()
 
 
+def test_expired_lease_refused():
+    import time
+
+    with running_worker(quota_bytes=QUOTA, ttl_s=1.0) as (handle, url):
+        time.sleep(1.5)  # the worker ends at its lease's expiry
+        with pytest.raises(AttachError, match=r"(cannot connect to the worker of lease test-|has expired)"):
+            gt.attach(url)
+        assert not gt.is_attached()
+
+
 def _raw_torch_conn(url):
     spec = parse_attach(url)
     s = socket.create_connection((spec.host, spec.port), timeout=10)
