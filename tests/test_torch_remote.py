@@ -215,6 +215,23 @@ def test_oom_past_the_quota_and_the_lease_stays_usable(dev, worker):
     assert keep.sum().item() == 1000.0
 
 
+@pytest.mark.parametrize("make", [
+    lambda d: torch.ones(40000, 1, device=d) * torch.ones(1, 40000, device=d),  # 6.4 GB from 320 KB: a view-free outer product
+    lambda d: torch.ones(40000, 1, device=d) @ torch.ones(1, 40000, device=d),
+    lambda d: torch.empty_strided((2, 2), (1 << 31, 1), device=d),  # 4 elements, 8 GiB of storage
+    lambda d: torch.arange(0, 1 << 32, device=d),
+])
+def test_ops_past_the_quota_refused_before_they_allocate(dev, make):
+    keep = torch.ones(10, device=dev)
+    before = gt.stats()
+    with pytest.raises(torch.OutOfMemoryError, match=r"slice memory quota exceeded: needs \d+ bytes"):
+        make(dev).sum().item()
+    after = gt.stats()
+    assert after["memory_in_use_bytes"] == before["memory_in_use_bytes"]
+    assert after["peak_memory_bytes"] <= QUOTA
+    assert keep.sum().item() == 10.0
+
+
 def test_wrong_token_refused(worker):
     spec = parse_attach(worker[1])
     bad = worker[1].replace(spec.token.hex(), "00" * len(spec.token))

@@ -20,8 +20,9 @@ order) as a uint8 ARRAY; the client knows the dtype and shape.
 
 Device and memory: CUDA (the lease's GPU) when the worker runs the cupy executor, CPU torch on
 simulated nodes. The slice's quota is enforced twice: the lease's accounting of live handles
-(every storage counted once; factory ops are checked before they allocate) and, on a GPU, the
-caching allocator's cap ``torch.cuda.set_per_process_memory_fraction(quota / total)``. Past it the
+(every storage counted once; factory ops, and on CPU every op's new outputs sized on meta
+tensors, are checked before they allocate) and, on a GPU, the caching allocator's cap
+``torch.cuda.set_per_process_memory_fraction(quota / total)``. Past it the
 op fails with OutOfMemoryError (raised on the client as ``torch.OutOfMemoryError``), its outputs
 are poisoned, and the connection goes on.
 """
@@ -63,6 +64,40 @@ def _torch() -> Any:
     import torch
 
     return torch
+
+
+def _meta_sig(v: Any) -> Any:
+    if hasattr(v, "untyped_storage"):
+        return (tuple(v.shape), v.stride(), v.storage_offset(), v.dtype, v.device.type)
+    if type(v) is list or type(v) is tuple:
+        return tuple([_meta_sig(x) for x in v])
+    if type(v) is dict:
+        return tuple((k, _meta_sig(x)) for k, x in v.items())
+    return v
+
+
+def _to_meta(v: Any, inputs: list, torch: Any) -> Any:
+    """`v` with its tensors replaced by meta tensors of the same shape, strides and dtype (0-dim CPU
+    tensors stay: they are scalars) and the CPU device by meta; inputs collects the meta tensors."""
+    if hasattr(v, "untyped_storage"):
+        size, stride, offset = tuple(v.shape), v.stride(), v.storage_offset()
+        extent = 1 + sum((d - 1) * st for d, st in zip(size, stride)) if v.numel() else 0
+        m = torch.empty(offset + extent, dtype=v.dtype, device="meta").as_strided(size, stride, offset)
+        inputs.append(m)
+        return m
+    if type(v) is list or type(v) is tuple:
+        return type(v)(_to_meta(x, inputs, torch) for x in v)
+    if isinstance(v, torch.device):
+        return torch.device("meta")
+    return v
+
+
+def _tensors_of(v: Any, T: type) -> list:
+    if isinstance(v, T):
+        return [v]
+    if isinstance(v, (list, tuple)):
+        return [t for x in v for t in _tensors_of(x, T)]
+    return []
 
 
 class TorchExecutor:
@@ -157,6 +192,8 @@ class TorchSession(Session):
         self.tensor_type = executor.torch.Tensor
         self.last_value: Any = None
         self._size_arg: dict[str, int] = {}
+        self._estimates: dict[Any, int] = {}
+        self.cpu = executor.device.type == "cpu"
 
     # -- arguments -----------------------------------------------------------------------------
     def _tensor(self, h: Any) -> Any:
@@ -266,6 +303,8 @@ class TorchSession(Session):
                 kwargs = {str(k): self._targ(v) for k, v in raw_kwargs.items()} if raw_kwargs else {}
                 what = f"op #{seq} {name}"
                 self._precheck(name, args, kwargs, what)
+                if self.cpu:
+                    self._estimate(name, fn, args, kwargs, what)
                 self._keep(outs, fn(*args, **kwargs), what)
             elif name == "upload":
                 self._upload(outs, raw_args, reader, f"op #{seq} upload")
@@ -303,6 +342,37 @@ class TorchSession(Session):
             dtype = args[0].dtype
         itemsize = (dtype or self.torch.get_default_dtype()).itemsize
         self.acct.check(n * itemsize, what)
+
+    def _estimate(self, name: str, fn: Any, args: list, kwargs: dict, what: str) -> None:
+        """CPU torch (simulated nodes, no allocator cap): refuse an op whose new outputs would not
+        fit in the quota, before it allocates. The outputs' storage sizes come from running the op
+        on meta tensors of the inputs' shapes, strides and dtypes, cached per op and signature;
+        ops whose output size depends on the data (no meta kernel) and ops the meta kernel refuses
+        (the real op raises the error) are not estimated."""
+        key = (name, _meta_sig(args), _meta_sig(list(kwargs.items())) if kwargs else None)
+        est = self._estimates.get(key)
+        if est is None:
+            if len(self._estimates) >= 1 << 16:
+                self._estimates.clear()
+            inputs: list = []
+            margs = [_to_meta(a, inputs, self.torch) for a in args]
+            mkwargs = {k: _to_meta(v, inputs, self.torch) for k, v in kwargs.items()}
+            try:
+                out = fn(*margs, **mkwargs)
+            except Exception:  # noqa: BLE001 - data-dependent or invalid: the real op decides
+                out = None
+            storages = [t.untyped_storage() for t in inputs]  # kept alive while ids are compared
+            seen = {id(x) for x in storages}
+            est = 0
+            for t in _tensors_of(out, self.tensor_type):
+                st = t.untyped_storage()
+                if id(st) not in seen:  # not an input, nor a view of one
+                    seen.add(id(st))
+                    storages.append(st)
+                    est += st.nbytes()
+            self._estimates[key] = est
+        if est:
+            self.acct.check(est, what)
 
     def _keep(self, outs: list, result: Any, what: str) -> None:
         """Store the op's tensor results (flattened in order) under `outs` (0 = not kept)."""
