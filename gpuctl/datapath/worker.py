@@ -79,6 +79,7 @@ class Worker:
         self.executor = make_executor(args.executor, args.quota_bytes, args.compute_share)
         self.acct = LeaseAccounting(args.quota_bytes, self._root)
         self.torch_executor: Any = None  # made at the first gpuctl.torch connection
+        self._torch_lock = threading.Lock()
         self.limits = DEFAULT_LIMITS
         self.state = "serving"
         self.endpoint = ""
@@ -106,7 +107,7 @@ class Worker:
         info = {"lease_id": self.lease_id, "executor": self.executor.name}
         wanted = hello.get("executor", self.executor.name)
         if wanted == "torch":
-            with self._lock:
+            with self._torch_lock:  # not self._lock: starting torch (and CUDA) takes seconds
                 if self.torch_executor is None:
                     from gpuctl.datapath.executor_torch import TorchExecutor
 
