@@ -157,6 +157,15 @@ def test_factories_that_size_their_output(dev):
         torch.add(torch.ones(3, 4, device=dev), 1, out=out)
 
 
+def test_many_tensors_freed_at_once_leave_the_worker(dev):
+    base = gt.stats()["handles"]
+    many = [torch.ones(1, device=dev) for _ in range(5000)]  # more than one op's 4096 arguments
+    assert gt.stats()["handles"] == base + 5000
+    del many
+    torch.ones(1, device=dev).sum().item()
+    assert gt.stats()["handles"] == base
+
+
 def test_manual_seed_reaches_the_worker(dev):
     torch.manual_seed(7)
     r = torch.randn(5, device=dev).cpu()

@@ -50,6 +50,8 @@ MAX_QUEUED_OPS = 4096
 MAX_BATCH_OPS = 64
 _REPLY_LIMITS = Limits(max_payload_bytes=1 << 40)
 FLUSH_PAYLOAD_BYTES = 1 << 20
+#: Handles per queued free op (the worker takes at most Limits.max_seq arguments per op).
+FREES_PER_OP = 4096
 #: Uploads smaller than this are copied when queued (so later writes to the NumPy array do not
 #: change what is sent); larger ones are sent at once.
 COPY_UPLOAD_BELOW_BYTES = 1 << 16
@@ -248,7 +250,8 @@ class Connection:
 
     def _take_frees(self) -> None:
         frees, self._pending_free[:] = list(self._pending_free), []
-        self._ops.append(["free", [], [{"h": h} for h in frees]])
+        for i in range(0, len(frees), FREES_PER_OP):  # an op's arguments are bounded (Limits.max_seq)
+            self._ops.append(["free", [], [{"h": h} for h in frees[i:i + FREES_PER_OP]]])
 
     def _check(self) -> None:
         if self.lost is not None:
