@@ -186,6 +186,28 @@ def test_autocast_bf16_runs_linear_in_bf16(dev):
     _close(out, want, rtol=0, atol=0)
 
 
+def test_grad_scaler_with_autocast_trains(dev):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    local = copy.deepcopy(model)
+    model.to(dev)
+    x, y = torch.randn(5, 8), torch.randint(0, 4, (5,))
+    out = []
+    for m, d in ((local, torch.device("cpu")), (model, dev)):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler(d.type, init_scale=1024.0)
+        for _ in range(3):
+            opt.zero_grad()
+            with torch.autocast(d.type, dtype=torch.bfloat16):
+                loss = torch.nn.functional.cross_entropy(m(x.to(d)), y.to(d))
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        out.append((loss.item(), scaler.get_scale()))
+    # CPU autocast and gpuctl's (CUDA's op lists) differ a little in which ops run in bf16
+    assert out[1][0] == pytest.approx(out[0][0], rel=1e-2) and out[1][1] == out[0][1] == 1024.0
+
+
 def test_state_dict_save_and_load(dev, tmp_path):
     torch.manual_seed(4)
     m = torch.nn.Linear(3, 2).to(dev)
