@@ -208,6 +208,22 @@ def test_grad_scaler_with_autocast_trains(dev):
     assert out[1][0] == pytest.approx(out[0][0], rel=1e-2) and out[1][1] == out[0][1] == 1024.0
 
 
+def test_deepcopy_of_a_model_and_channels_last_copies(dev):
+    torch.manual_seed(5)
+    m = torch.nn.Linear(3, 2).to(dev)
+    m(torch.ones(1, 3, device=dev)).sum().backward()
+    m2 = copy.deepcopy(m)
+    assert isinstance(m2.weight, torch.nn.Parameter) and m2.weight.device == dev and m2.weight.requires_grad
+    assert torch.equal(m2.weight.cpu(), m.weight.cpu()) and torch.equal(m2.weight.grad.cpu(), m.weight.grad.cpu())
+    with torch.no_grad():
+        m2.weight.add_(1)  # a copy, not the same remote storage
+    assert torch.equal(m2.weight.cpu(), m.weight.cpu() + 1)
+    x = torch.randn(2, 3, 4, 4)
+    r = x.to(dev, memory_format=torch.channels_last)
+    back = r.cpu()
+    assert back.is_contiguous(memory_format=torch.channels_last) and torch.equal(back, x)
+
+
 def test_state_dict_save_and_load(dev, tmp_path):
     torch.manual_seed(4)
     m = torch.nn.Linear(3, 2).to(dev)

@@ -18,7 +18,9 @@ docs/DATAPATH.md "PyTorch".
 
 Needs the extra ``gpuctl[torch]`` (torch 2.9 or later on the client). Differences from CUDA:
 ``torch.autocast`` must be given ``device.type`` ("gpuctl"), not "cuda"; attention runs the
-math path (no fused kernels); no streams, events, CUDA graphs or ``generator=`` arguments.
+math path (no fused kernels); no streams, events, CUDA graphs or ``generator=`` arguments;
+``torch.load(..., map_location=device)`` is not supported (load to CPU, then ``.to(device)`` or
+``load_state_dict``).
 """
 
 from __future__ import annotations

@@ -124,6 +124,22 @@ class RemoteTensor(torch.Tensor):
         raise TypeError(f"can't convert {_backend.NAME} device type tensor to numpy. Use Tensor.cpu() to copy the "
                         "tensor to host memory first.")
 
+    def __deepcopy__(self, memo: dict) -> "RemoteTensor":
+        """A remote copy (copy.deepcopy of a model on the device): values cloned on the worker,
+        requires_grad, parameter-ness and .grad kept."""
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            new = self.clone()
+        if self.requires_grad:
+            new.requires_grad_(True)
+        if getattr(self, "_is_param", False):
+            new._is_param = True
+        memo[id(self)] = new
+        if self.grad is not None:
+            new.grad = self.grad.__deepcopy__(memo)
+        return new
+
     def __reduce_ex__(self, proto: Any) -> Any:
         """Pickling (torch.save) stores the tensor's values as a CPU tensor."""
         return fetch(self).__reduce_ex__(proto)
@@ -428,7 +444,10 @@ def fetch(t: RemoteTensor) -> torch.Tensor:
         raise RuntimeError(f"gpuctl.torch: the worker sent {raw.nbytes} bytes for a tensor of {nbytes} bytes")
     if not nbytes:
         return torch.empty(tuple(t.shape), dtype=t.dtype)
-    return torch.from_numpy(raw).view(t.dtype).reshape(tuple(t.shape))
+    local = torch.from_numpy(raw).view(t.dtype).reshape(tuple(t.shape))
+    if t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last):
+        return local.contiguous(memory_format=torch.channels_last)  # as local .cpu() keeps it
+    return local
 
 
 def _contiguous_strides(shape: Any) -> tuple[int, ...]:
