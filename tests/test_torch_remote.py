@@ -307,6 +307,20 @@ def _raw_torch_conn(url):
     return s, r
 
 
+def test_unknown_executor_in_hello_refused(worker):
+    spec = parse_attach(worker[1])
+    s = socket.create_connection((spec.host, spec.port), timeout=10)
+    try:
+        send_frame(s, FrameType.HELLO, {**hello_meta(spec.lease_id), "executor": "jax"}, [memoryview(spec.token)])
+        r = FrameReader(s)
+        hdr = r.header()
+        meta = r.meta(hdr)
+        assert hdr.ftype == FrameType.ERROR and meta["code"] == "executor"
+        assert meta["message"] == "hello.executor: 'jax' is not served here (torch or numpy)"
+    finally:
+        s.close()
+
+
 def _sync_batch(s, r, ops):
     send_frame(s, FrameType.BATCH, {"ops": ops + [["sync", [], []]]}, flags=1)
     hdr = r.header()
