@@ -279,6 +279,21 @@ def test_ops_past_the_quota_refused_before_they_allocate(dev, make):
     assert keep.sum().item() == 10.0
 
 
+def test_tensors_of_an_earlier_attachment_refused(worker):
+    d = gt.attach(worker[1])
+    old = torch.ones(3, device=d)
+    gt.attach(worker[1])  # a new connection: its handle numbers start again from 1
+    try:
+        fresh = torch.zeros(3, device=d)
+        with pytest.raises(RuntimeError, match=r"a tensor of an earlier attachment was used in aten\.add\.Tensor"):
+            old + fresh
+        with pytest.raises(RuntimeError, match="earlier attachment"):
+            old.cpu()
+        assert fresh.sum().item() == 0.0
+    finally:
+        gt.detach()
+
+
 def test_wrong_token_refused(worker):
     spec = parse_attach(worker[1])
     bad = worker[1].replace(spec.token.hex(), "00" * len(spec.token))

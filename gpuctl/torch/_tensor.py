@@ -99,6 +99,8 @@ class RemoteTensor(torch.Tensor):
         try:
             return dispatch(func, args, kwargs or {})
         except ConnectionError as e:
+            if type(e).__name__ == "AttachError":
+                raise
             raise WorkerLost(str(e)) from None
 
     # -- host side -------------------------------------------------------------------------------
@@ -160,12 +162,16 @@ def _fresh(meta: tuple) -> tuple[RemoteTensor, int]:
 def _enc(v: Any, name: str) -> Any:
     t = type(v)
     if t is RemoteTensor:
+        if v._st.conn is not link.conn:
+            raise _stale(name)
         return v._enc
     if v is None or t is int or t is float or t is bool or t is str:
         return v
     if t is list or t is tuple:
         return [_enc(x, name) for x in v]
     if isinstance(v, RemoteTensor):
+        if v._st.conn is not link.conn:
+            raise _stale(name)
         return v._enc
     if isinstance(v, torch.Tensor):
         if v.dim() == 0 and v.device.type == "cpu":
@@ -195,6 +201,11 @@ def _enc(v: Any, name: str) -> Any:
     if isinstance(v, int):
         return int(v)
     raise NotImplementedError(f"gpuctl.torch: an argument of type {t.__name__} is not supported ({name})")
+
+
+def _stale(name: str) -> RuntimeError:
+    return RuntimeError(f"gpuctl.torch: a tensor of an earlier attachment was used in {name}; tensors do not "
+                        "survive detach() or a new attach() (copy them to the CPU first)")
 
 
 # -- metadata ---------------------------------------------------------------------------------------
@@ -426,6 +437,8 @@ def fetch(t: RemoteTensor) -> torch.Tensor:
     """A CPU copy of remote tensor `t` (a synchronization point; raises the first error of an op
     sent since the last one, or WorkerLostError)."""
     c = conn()
+    if t._st.conn is not c:
+        raise _stale("a copy to the host")
     tmp = None
     h = t._st.h
     if t._chain:
