@@ -77,7 +77,9 @@ class Worker:
         self.token = token
         self.expires_at_s: float = args.expires_at_s
         self.executor = make_executor(args.executor, args.quota_bytes, args.compute_share)
-        self.acct = LeaseAccounting(args.quota_bytes, self.executor.root)
+        self.acct = LeaseAccounting(args.quota_bytes, self._root)
+        self.torch_executor: Any = None  # made at the first gpuctl.torch connection
+        self._torch_lock = threading.Lock()
         self.limits = DEFAULT_LIMITS
         self.state = "serving"
         self.endpoint = ""
@@ -90,6 +92,38 @@ class Worker:
         self.handshake_timeout_s: float = getattr(args, "handshake_timeout_s", HANDSHAKE_TIMEOUT_S)
         #: sockets still in their handshake -> deadline (time.monotonic seconds), oldest first
         self._pending: dict[socket.socket, float] = {}
+
+    def _root(self, arr: Any) -> tuple[Any, int]:
+        """The memory root of an array of either executor (torch tensors have storages)."""
+        if hasattr(arr, "untyped_storage"):
+            s = arr.untyped_storage()
+            return s, s.nbytes()
+        return self.executor.root(arr)
+
+    def session_for(self, sock: socket.socket, hello: dict[str, Any], reader: FrameReader) -> Session:
+        """The session serving a connection: torch (HELLO ``"executor": "torch"``; CUDA torch where
+        the worker runs CuPy, CPU torch on simulated nodes) or the worker's array executor.
+        Raises ProtocolError("executor") for another executor name or when torch is missing."""
+        info = {"lease_id": self.lease_id, "executor": self.executor.name}
+        wanted = hello.get("executor", self.executor.name)
+        if wanted == "torch":
+            with self._torch_lock:  # not self._lock: starting torch (and CUDA) takes seconds
+                if self.torch_executor is None:
+                    from gpuctl.datapath.executor_torch import TorchExecutor
+
+                    try:
+                        self.torch_executor = TorchExecutor(self.acct.quota_bytes, self.executor.compute_share,
+                                                            "cuda" if self.executor.name == "cupy" else "cpu")
+                    except ImportError as e:
+                        raise ProtocolError(f"this node cannot run gpuctl.torch: {e}", "executor") from None
+            from gpuctl.datapath.executor_torch import TorchSession
+
+            info["executor"] = "torch"
+            return TorchSession(sock, self.torch_executor, self.acct, self.limits, info, reader)
+        if wanted != self.executor.name:
+            raise ProtocolError(f"hello.executor: {str(wanted)[:40]!r} is not served here (torch or "
+                                f"{self.executor.name})", "executor")
+        return Session(sock, self.executor, self.acct, self.limits, info, reader)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -169,8 +203,9 @@ class Worker:
         with self._lock:
             return self._pending.pop(sock, None) is not None
 
-    def handshake(self, sock: socket.socket, reader: FrameReader) -> None:
-        """Read and check the HELLO (version, token, lease id, expiry); raises ProtocolError."""
+    def handshake(self, sock: socket.socket, reader: FrameReader) -> dict[str, Any]:
+        """Read and check the HELLO (version, token, lease id, expiry) and return its metadata;
+        raises ProtocolError."""
         sock.settimeout(self.handshake_timeout_s)
         hdr = reader.header(PREAUTH_LIMITS)
         if hdr.ftype != FrameType.HELLO:
@@ -181,10 +216,11 @@ class Worker:
         check_hello(meta, bytes(token), self.lease_id, self.token, hmac.compare_digest)
         if time.time() >= self.expires_at_s:
             raise ProtocolError(f"lease {self.lease_id} has expired", "expired")
+        return meta
 
-    def welcome(self, sock: socket.socket) -> None:
+    def welcome(self, sock: socket.socket, session: Session) -> None:
         send_frame(sock, FrameType.WELCOME, {
-            "protocol": PROTOCOL_VERSION, "lease_id": self.lease_id, "executor": self.executor.name,
+            "protocol": PROTOCOL_VERSION, "lease_id": self.lease_id, "executor": session.info["executor"],
             "quota_bytes": self.acct.quota_bytes, "compute_share": self.executor.compute_share,
             "expires_at_s": self.expires_at_s, "limits": self.limits.to_json(),
         })
@@ -201,7 +237,7 @@ class Worker:
                 sock.settimeout(self.handshake_timeout_s)
                 sock = self.ssl_ctx.wrap_socket(sock, server_side=True)
             reader = FrameReader(sock)
-            self.handshake(sock, reader)
+            hello = self.handshake(sock, reader)
             if not self._done_pending(raw):
                 raise ConnectionLost(f"handshake not completed within {self.handshake_timeout_s:g} s")
             with self._lock:
@@ -211,9 +247,8 @@ class Worker:
                 self.acct.connections += 1
                 self.acct.connections_total += 1
                 counted = True
-            self.welcome(sock)
-            session = Session(sock, self.executor, self.acct, self.limits,
-                              {"lease_id": self.lease_id, "executor": self.executor.name}, reader)
+            session = self.session_for(sock, hello, reader)
+            self.welcome(sock, session)
             session.serve()
         except ConnectionLost as e:
             peer_log(f"{peer}: {e}")

@@ -50,6 +50,8 @@ MAX_QUEUED_OPS = 4096
 MAX_BATCH_OPS = 64
 _REPLY_LIMITS = Limits(max_payload_bytes=1 << 40)
 FLUSH_PAYLOAD_BYTES = 1 << 20
+#: Handles per queued free op (the worker takes at most Limits.max_seq arguments per op).
+FREES_PER_OP = 4096
 #: Uploads smaller than this are copied when queued (so later writes to the NumPy array do not
 #: change what is sent); larger ones are sent at once.
 COPY_UPLOAD_BELOW_BYTES = 1 << 16
@@ -140,10 +142,12 @@ class Connection:
     """One attached lease. Thread-safe (one lock around the queue and the socket); arrays
     hold it, and their garbage collection queues ``free`` ops (sent with the next batch)."""
 
-    def __init__(self, spec: AttachSpec, timeout_s: float = 30.0, ssh: Any = None):
+    def __init__(self, spec: AttachSpec, timeout_s: float = 30.0, ssh: Any = None,
+                 hello: dict[str, Any] | None = None):
         """Connect and handshake. `ssh`: an open paramiko Transport or SSHClient to the node; the
         data path then runs in a direct-tcpip channel over it (spec.host:port as the node sees
-        it). A spec from an ssh:// URL opens its own SSH connection. Raises AttachError."""
+        it). A spec from an ssh:// URL opens its own SSH connection. `hello`: extra HELLO fields
+        (gpuctl.torch: ``{"client": "gpuctl.torch", "executor": "torch"}``). Raises AttachError."""
         self.spec = spec
         self.endpoint = f"{spec.host}:{spec.port}"
         self.lease_id = spec.lease_id
@@ -179,7 +183,8 @@ class Connection:
         self.sock = sock
         self._reader = FrameReader(sock)
         try:
-            send_frame(sock, FrameType.HELLO, hello_meta(spec.lease_id), [memoryview(spec.token)])
+            send_frame(sock, FrameType.HELLO, {**hello_meta(spec.lease_id), **(hello or {})},
+                       [memoryview(spec.token)])
             hdr = self._reader.header(Limits(max_meta_bytes=1 << 16, max_payload_bytes=0))
             meta = self._reader.meta(hdr)
         except (ProtocolError, OSError) as e:
@@ -215,9 +220,10 @@ class Connection:
                 self._send_batch(sync=False)
                 self._flush_at = min(self._flush_at * 2, MAX_BATCH_OPS)
 
-    def upload(self, arr: np.ndarray) -> int:
+    def upload(self, arr: np.ndarray, extra: tuple = ()) -> int:
         """Queue an upload of host array `arr` (C order); returns its new handle. Small arrays are
-        copied now, large ones are sent now (zero-copy), so later writes to `arr` do not leak in."""
+        copied now, large ones are sent now (zero-copy), so later writes to `arr` do not leak in.
+        `extra`: more arguments of the upload op (a torch connection's dtype and shape)."""
         arr = np.asarray(arr)
         if arr.dtype.kind == "O" or str(arr.dtype) not in _WIRE_DTYPES:
             raise TypeError(f"cannot send an array of dtype {arr.dtype} (allowed: {', '.join(sorted(_WIRE_DTYPES))})")
@@ -233,7 +239,7 @@ class Connection:
             if arr.nbytes:
                 self._payload.append(memoryview(arr).cast("B"))
             self._payload_bytes += arr.nbytes
-            self._ops.append(["upload", [h], [k]])
+            self._ops.append(["upload", [h], [k, *extra]])
             if not small or self._payload_bytes >= FLUSH_PAYLOAD_BYTES or len(self._ops) >= MAX_QUEUED_OPS:
                 self._send_batch(sync=False)
             return h
@@ -244,7 +250,8 @@ class Connection:
 
     def _take_frees(self) -> None:
         frees, self._pending_free[:] = list(self._pending_free), []
-        self._ops.append(["free", [], [{"h": h} for h in frees]])
+        for i in range(0, len(frees), FREES_PER_OP):  # an op's arguments are bounded (Limits.max_seq)
+            self._ops.append(["free", [], [{"h": h} for h in frees[i:i + FREES_PER_OP]]])
 
     def _check(self) -> None:
         if self.lost is not None:
