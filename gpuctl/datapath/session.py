@@ -58,7 +58,7 @@ QUERIES = frozenset({"get", "meta", "mem", "stats", "sync"})
 
 #: Exception classes whose names travel to the client as they are; others become "RemoteError".
 _PLAIN_ERRORS = ("ValueError", "TypeError", "IndexError", "ZeroDivisionError", "NotImplementedError",
-                 "FloatingPointError", "OverflowError", "AxisError")
+                 "FloatingPointError", "OverflowError", "AxisError", "LinAlgError")
 
 
 class Poisoned:

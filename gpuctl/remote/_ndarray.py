@@ -100,11 +100,32 @@ def conn_of(*values: Any) -> Connection:
     return get_connection()
 
 
+#: Ops whose result is a view of an input (no new memory on the worker): not counted by the
+#: client's accounting of live bytes (Connection.account).
+VIEW_OPS = frozenset({"getitem", "reshape", "transpose", "swapaxes", "squeeze", "expand_dims", "ravel",
+                      "broadcast_to", "moveaxis", "flip", "real", "diagonal", "rot90"})
+
+
 def new_op(conn: Connection, name: str, args: list, kwargs: dict | None, inferred: tuple) -> "ndarray":
-    """Queue op `name` producing one new array (handle minted here); `inferred` is (shape, dtype)."""
+    """Queue op `name` producing one new array (handle minted here); `inferred` is (shape, dtype).
+    Raises OutOfMemoryError before queueing when a known-size result cannot fit in the slice."""
     h = conn.mint()
+    shape, dtype = inferred
+    if shape is not None and dtype is not None and name not in VIEW_OPS:
+        conn.account(h, math.prod(shape) * np.dtype(dtype).itemsize, f"{name}{tuple(shape)}")
     conn.enqueue(name, [h], args, kwargs)
-    return ndarray._wrap(conn, h, inferred[0], inferred[1])
+    return ndarray._wrap(conn, h, shape, dtype)
+
+
+def new_ops(conn: Connection, name: str, n: int, args: list, kwargs: dict | None,
+            inferred: list) -> tuple["ndarray", ...]:
+    """Queue op `name` producing `n` new arrays (one handle each); `inferred`: one (shape, dtype) each."""
+    hs = [conn.mint() for _ in range(n)]
+    for h, (shape, dtype) in zip(hs, inferred):
+        if shape is not None and dtype is not None and name not in VIEW_OPS:
+            conn.account(h, math.prod(shape) * np.dtype(dtype).itemsize, f"{name}{tuple(shape)}")
+    conn.enqueue(name, hs, args, kwargs)
+    return tuple(ndarray._wrap(conn, h, s, d) for h, (s, d) in zip(hs, inferred))
 
 
 def ufunc(name: str, *operands: Any, out: "ndarray | None" = None, dtype: Any = None) -> "ndarray":
@@ -202,6 +223,13 @@ class ndarray:
         return self.transpose()
 
     @property
+    def mT(self) -> "ndarray":
+        """The last two axes swapped (a view); ValueError for fewer than 2 dimensions."""
+        if self.ndim < 2:
+            raise ValueError("matrix transpose with ndim < 2 is undefined")
+        return self.swapaxes(-1, -2)
+
+    @property
     def handle(self) -> int:
         """This array's handle on its connection (for diagnostics)."""
         return self._h  # type: ignore[return-value]
@@ -287,6 +315,8 @@ class ndarray:
         return self._method("transpose", [list(ax)] if ax else [], None, _infer.transpose(self, ax))
 
     def swapaxes(self, a: int, b: int) -> "ndarray":
+        _infer.check_axes(a, self.ndim)
+        _infer.check_axes(b, self.ndim)
         ax = list(range(self.ndim))
         ax[a], ax[b] = ax[b], ax[a]
         return self._method("swapaxes", [a, b], None, _infer.transpose(self, tuple(ax)))
@@ -302,8 +332,11 @@ class ndarray:
 
     def squeeze(self, axis: Any = None) -> "ndarray":
         inferred: tuple = (None, None)
-        if self._shape is not None and axis is None:
-            inferred = (tuple(d for d in self._shape if d != 1), self._dtype)
+        if isinstance(axis, list):
+            axis = tuple(axis)
+        if self._shape is not None:
+            stand_in = np.lib.stride_tricks.as_strided(np.zeros(1, np.int8), self._shape, (0,) * len(self._shape))
+            inferred = (np.squeeze(stand_in, axis).shape, self._dtype)  # numpy's errors at the call
         return self._method("squeeze", [], {"axis": enc(self._conn, axis, _Temps())} if axis is not None else None,
                             inferred)
 
@@ -350,11 +383,11 @@ class ndarray:
     def min(self, axis=None, out=None, keepdims=False):
         return self._reduce("min", axis, None, out, keepdims)
 
-    def argmax(self, axis=None, out=None):
-        return self._reduce("argmax", axis, None, out)
+    def argmax(self, axis=None, out=None, *, keepdims=False):
+        return self._reduce("argmax", axis, None, out, keepdims)
 
-    def argmin(self, axis=None, out=None):
-        return self._reduce("argmin", axis, None, out)
+    def argmin(self, axis=None, out=None, *, keepdims=False):
+        return self._reduce("argmin", axis, None, out, keepdims)
 
     def any(self, axis=None, out=None, keepdims=False):
         return self._reduce("any", axis, None, out, keepdims)
@@ -364,6 +397,56 @@ class ndarray:
 
     def cumsum(self, axis=None, dtype=None, out=None):
         return self._reduce("cumsum", axis, dtype, out)
+
+    def cumprod(self, axis=None, dtype=None, out=None):
+        return self._reduce("cumprod", axis, dtype, out)
+
+    def nonzero(self):
+        from gpuctl.remote._api import nonzero
+
+        return nonzero(self)
+
+    def repeat(self, repeats, axis=None):
+        from gpuctl.remote._api import repeat
+
+        return repeat(self, repeats, axis)
+
+    def take(self, indices, axis=None):
+        from gpuctl.remote._api import take
+
+        return take(self, indices, axis)
+
+    def diagonal(self, offset=0, axis1=0, axis2=1):
+        from gpuctl.remote._api import diagonal
+
+        return diagonal(self, offset, axis1, axis2)
+
+    def trace(self, offset=0, axis1=0, axis2=1, dtype=None, out=None):
+        from gpuctl.remote._api import trace
+
+        return trace(self, offset, axis1, axis2, dtype, out)
+
+    def round(self, decimals=0, out=None):
+        from gpuctl.remote._api import around
+
+        return around(self, decimals, out)
+
+    def conj(self):
+        return ufunc("conjugate", self)
+
+    conjugate = conj
+
+    @property
+    def real(self) -> "ndarray":
+        from gpuctl.remote._api import real
+
+        return real(self)
+
+    @property
+    def imag(self) -> "ndarray":
+        from gpuctl.remote._api import imag
+
+        return imag(self)
 
     def clip(self, a_min=None, a_max=None):
         from gpuctl.remote import clip
