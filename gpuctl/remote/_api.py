@@ -251,7 +251,8 @@ def take(a: Any, indices: Any, axis: int | None = None) -> ndarray:
     next synchronization, where CuPy wraps them)."""
     a = _asarray(a)
     scalar = isinstance(indices, (int, np.integer))
-    ind = int(indices) if scalar else indices
+    ind = int(indices) if scalar else (np.asarray(indices, dtype=np.int64) if isinstance(indices, (list, tuple))
+                                       else indices)
     ishape = () if scalar else _infer.shape_of(np.asarray(ind) if isinstance(ind, list) else ind)
     inferred = Unknown
     if a._shape is not None and ishape is not None:
@@ -367,7 +368,8 @@ def unique(ar: Any, return_index: bool = False, return_inverse: bool = False, re
 
 
 def unique_values(x: Any) -> ndarray:
-    """Array API unique_values: the sorted distinct values."""
+    """Array API unique_values: the distinct values, sorted (as CuPy; NumPy 2.3+ may leave them
+    unordered, which the array API allows)."""
     return unique(x)
 
 
@@ -424,7 +426,7 @@ def trace(a: Any, offset: int = 0, axis1: int = 0, axis2: int = 1, dtype: Any = 
         dt = _probe(lambda x: np.trace(x.reshape(1, 1), dtype=dtype), a._dtype)
         inferred = (shape, dt) if dt is not None else Unknown
     return _call("trace", [a], [int(offset), int(axis1), int(axis2)],
-                 {"dtype": {"d": dtype_name(dtype)}} if dtype is not None else None, inferred)
+                 {"dtype": np.dtype(dtype_name(dtype))} if dtype is not None else None, inferred)
 
 
 def tril(m: Any, k: int = 0) -> ndarray:
@@ -498,9 +500,9 @@ def percentile(a: Any, q: Any, axis: Any = None, out: Any = None, overwrite_inpu
         if red[0] is None:
             _infer.check_axes(ax, len(a._shape))
         if isinstance(qv, ndarray) or qv.ndim:
-            dt = _probe(lambda x, qq: np.percentile(x, qq * 50.0), a._dtype, qv.dtype)
+            dt = _probe(lambda x, qq: np.percentile(x, qq * 50.0, method=method), a._dtype, qv.dtype)
         else:
-            dt = _probe(lambda x: np.percentile(x, 50.0), a._dtype)
+            dt = _probe(lambda x: np.percentile(x, 50.0, method=method), a._dtype)
         if red[0] is not None and dt is not None:
             inferred = (tuple(qv.shape) + red[0], dt)
     qarg: Any = float(qv) if not isinstance(qv, ndarray) and qv.ndim == 0 else qv

@@ -34,7 +34,7 @@ def _one(name: str, a: Any, n: Any, axis: int, norm: Any) -> Any:
             raise ValueError(f"Invalid number of FFT data points ({length}) specified.")
         out = {"fft": length, "ifft": length, "rfft": length // 2 + 1,
                "irfft": (2 * (a._shape[ax] - 1)) if n is None else int(n)}[name]
-        dt = _probe(lambda x: getattr(np.fft, name)(x), a._dtype)
+        dt = _probe(lambda x: getattr(np.fft, name)(x, n=2), a._dtype)
         shape = a._shape[:ax] + (out,) + a._shape[ax + 1:]
         inferred = (shape, dt) if dt is not None else Unknown
     kw: dict[str, Any] = {}
@@ -80,7 +80,7 @@ def _many(name: str, a: Any, s: Any, axes: Any, norm: Any) -> Any:
         elif name == "irfftn" and last is not None:
             shape[last] = 2 * (shape[last] - 1)
         base = name.replace("2", "n")
-        dt = _probe(lambda x: getattr(np.fft, base)(x), a._dtype)
+        dt = _probe(lambda x: getattr(np.fft, base)(x, s=(2,), axes=(0,)), a._dtype)
         inferred = (tuple(shape), dt) if dt is not None else Unknown
     kw: dict[str, Any] = {}
     if s is not None:
