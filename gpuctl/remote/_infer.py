@@ -217,6 +217,9 @@ def dot(a: Any, b: Any) -> tuple:
     sa, sb = shape_of(a), shape_of(b)
     if sa is None or sb is None:
         return Unknown
+    if len(sa) and len(sb) and sa[-1] != sb[-2 if len(sb) > 1 else -1]:
+        raise ValueError(f"shapes {sa} and {sb} not aligned: {sa[-1]} (dim {len(sa) - 1}) != "
+                         f"{sb[-2 if len(sb) > 1 else -1]} (dim {max(len(sb) - 2, 0)})")
     if len(sa) <= 2 and len(sb) <= 2 and len(sa) and len(sb):
         return matmul(a, b)
     if len(sa) == 0 or len(sb) == 0:

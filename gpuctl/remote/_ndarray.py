@@ -498,6 +498,29 @@ class ndarray:
         return matmul(other, self)
 
 
+_UNCHECKED = object()
+#: (ufunc, dtype of the target, type or dtype of the operand) -> None or the casting error message.
+_INPLACE_CHECKED: dict[tuple, str | None] = {}
+
+
+def _inplace_error(name: str, dtype: Any, other: Any) -> str | None:
+    """NumPy's error for ``x op= other`` when the result cannot be cast back into x's dtype under
+    same_kind casting (``int_array += 1.5``), or None when it can or is not known here."""
+    if dtype is None or (isinstance(other, ndarray) and other._dtype is None):
+        return None
+    probe = other if not isinstance(other, ndarray) else np.ones(1, other._dtype)
+    if isinstance(probe, (int, float, complex, bool)):
+        probe = type(probe)(1)
+    try:
+        with np.errstate(all="ignore"):
+            getattr(np, name)(np.ones(1, dtype), probe, out=np.ones(1, dtype))
+    except TypeError as e:
+        return str(e)
+    except Exception:  # noqa: BLE001 - the worker reports anything else
+        return None
+    return None
+
+
 def _binary(name: str):
     def op(self, other):
         return ufunc(name, self, other)
@@ -507,6 +530,13 @@ def _binary(name: str):
 
     def iop(self, other):
         t = type(other)
+        key = (name, self._dtype, t if t is not ndarray else other._dtype)
+        err = _INPLACE_CHECKED.get(key, _UNCHECKED)
+        if err is _UNCHECKED:
+            err = _inplace_error(name, self._dtype, other)
+            _INPLACE_CHECKED[key] = err
+        if err is not None:
+            raise TypeError(err)
         if t is float or t is int or (t is ndarray and other._conn is self._conn):  # fast path
             ref = self._ref
             self._conn.enqueue(name, [], [ref, other._ref if t is ndarray else other], {"out": ref})
