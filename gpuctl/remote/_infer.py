@@ -54,9 +54,20 @@ def _ufunc_dtype(name: str, key: tuple) -> np.dtype | None:
 
 def broadcast_or_raise(*shapes: tuple[int, ...] | None) -> tuple[int, ...] | None:
     """The broadcast shape of `shapes` (None when one is unknown); ValueError, worded as CuPy's,
-    when they do not broadcast."""
-    if any(s is None for s in shapes):
+    when they do not broadcast. Cached per tuple of shapes (the hot path of every operator)."""
+    if len(shapes) == 2:
+        a, b = shapes
+        if a == b:
+            return a
+        if a is None or b is None:
+            return None
+    elif any(s is None for s in shapes):
         return None
+    return _broadcast(shapes)
+
+
+@functools.lru_cache(maxsize=4096)
+def _broadcast(shapes: tuple) -> tuple[int, ...]:
     try:
         return np.broadcast_shapes(*shapes)
     except ValueError:
@@ -189,7 +200,29 @@ def reduction(name: str, a: Any, axis: Any = None, keepdims: bool = False, **kw:
 
 def matmul(a: Any, b: Any) -> tuple:
     """Shape and dtype of a @ b; ValueError at the call for a 0-d operand, a core dimension
-    mismatch or batch dimensions that do not broadcast (CuPy's and NumPy's errors)."""
+    mismatch or batch dimensions that do not broadcast (CuPy's and NumPy's errors). Cached per
+    (shapes, dtypes) of two remote arrays."""
+    da, db = getattr(a, "_dtype", None), getattr(b, "_dtype", None)
+    if da is not None and db is not None:
+        return _matmul_cached(a._shape, b._shape, da, db, a, b)
+    return _matmul(a, b)
+
+
+_MATMUL_CACHE: dict[tuple, tuple] = {}
+
+
+def _matmul_cached(sa: Any, sb: Any, da: Any, db: Any, a: Any, b: Any) -> tuple:
+    key = (sa, sb, da, db)
+    r = _MATMUL_CACHE.get(key)
+    if r is None:
+        r = _matmul(a, b)  # raises for shapes that do not fit (not cached)
+        if len(_MATMUL_CACHE) >= 4096:
+            _MATMUL_CACHE.clear()
+        _MATMUL_CACHE[key] = r
+    return r
+
+
+def _matmul(a: Any, b: Any) -> tuple:
     sa, sb = shape_of(a), shape_of(b)
     for i, s in enumerate((sa, sb)):
         if s is not None and len(s) == 0:

@@ -100,6 +100,10 @@ def conn_of(*values: Any) -> Connection:
     return get_connection()
 
 
+#: The classes of np.dtype instances (one per dtype kind in NumPy 2): a dtype needs no np.dtype() call.
+_DTYPE_TYPES = frozenset(type(np.dtype(n)) for n in (
+    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 complex64 complex128".split()))
+
 #: Ops whose result is a view of an input (no new memory on the worker): not counted by the
 #: client's accounting of live bytes (Connection.account).
 VIEW_OPS = frozenset({"getitem", "reshape", "transpose", "swapaxes", "squeeze", "expand_dims", "ravel",
@@ -112,7 +116,12 @@ def new_op(conn: Connection, name: str, args: list, kwargs: dict | None, inferre
     h = conn.mint()
     shape, dtype = inferred
     if shape is not None and dtype is not None and name not in VIEW_OPS:
-        conn.account(h, math.prod(shape) * np.dtype(dtype).itemsize, f"{name}{tuple(shape)}")
+        nbytes = math.prod(shape) * (dtype.itemsize if type(dtype) in _DTYPE_TYPES else np.dtype(dtype).itemsize)
+        if conn.live_bytes + nbytes > conn.quota_bytes:
+            conn.account(h, nbytes, f"{name}{tuple(shape)}")  # checks (maybe asks the worker), raises or counts
+        else:
+            conn._owned[h] = nbytes
+            conn.live_bytes += nbytes
     conn.enqueue(name, [h], args, kwargs)
     return ndarray._wrap(conn, h, shape, dtype)
 
@@ -172,8 +181,8 @@ class ndarray:
         self._conn = conn
         self._h = h
         self._ref = {"h": h}
-        self._shape = tuple(int(d) for d in shape) if shape is not None else None
-        self._dtype = np.dtype(dtype) if dtype is not None else None
+        self._shape = shape if type(shape) is tuple else (tuple(int(d) for d in shape) if shape is not None else None)
+        self._dtype = dtype if type(dtype) in _DTYPE_TYPES else (np.dtype(dtype) if dtype is not None else None)
         return self
 
     def __del__(self) -> None:
