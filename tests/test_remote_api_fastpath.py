@@ -120,3 +120,48 @@ def test_signature_cache_is_bounded(monkeypatch):
     finally:
         s.close()
         peer.close()
+
+
+# -- the client's hot path for operators (gpuctl.remote._ndarray._fast_binary) -----------------
+
+@pytest.fixture(scope="module")
+def remote():
+    import gpuctl.remote as cp
+    from gpuctl.datapath.testing import running_worker
+
+    with running_worker(quota_bytes=64 << 20) as (_, url):
+        cp.attach(url)
+        try:
+            yield cp
+        finally:
+            cp.detach()
+
+
+OPERATORS = ["__add__", "__sub__", "__mul__", "__truediv__", "__floordiv__", "__pow__", "__radd__", "__rsub__",
+             "__rmul__", "__rtruediv__", "__lt__", "__eq__", "__and__", "__rand__", "__mod__"]
+
+
+@settings(max_examples=120, deadline=None)
+@given(dt=DTYPES, dt2=DTYPES, op=st.sampled_from(OPERATORS), scalar=st.one_of(st.integers(-3, 3), st.floats(-2, 2),
+                                                                              st.booleans(), st.none()))
+def test_operator_hot_path_equals_numpy(remote, dt, dt2, op, scalar):
+    cp = remote
+    a = (np.arange(6).reshape(2, 3) % 3 + 1).astype(dt)
+    b = (np.arange(6).reshape(2, 3) % 2 + 1).astype(dt2)
+    other_np = scalar if scalar is not None else b
+    other = scalar if scalar is not None else cp.asarray(b)
+    with np.errstate(all="ignore"):
+        try:
+            want = getattr(a, op)(other_np)
+        except Exception as e:  # noqa: BLE001 - the remote call must raise the same kind at the call
+            with pytest.raises(type(e) if not isinstance(e, TypeError) else TypeError):
+                r = getattr(cp.asarray(a), op)(other)
+                r.get()
+            return
+    if want is NotImplemented:
+        return
+    got = getattr(cp.asarray(a), op)(other)
+    assert got._shape == want.shape and got._dtype == want.dtype, (got._shape, got._dtype, want.shape, want.dtype)
+    host = got.get()
+    assert host.dtype == want.dtype
+    np.testing.assert_array_equal(host, want)

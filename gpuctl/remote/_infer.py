@@ -32,11 +32,16 @@ def _probe_operand(x: Any) -> Any:
     return x
 
 
+#: Python scalar kinds as the keys name them (names, not values: 1, 1.0 and True are equal as
+#: cache keys) and the value each is probed with.
+_PROBE_SCALARS = {"bool": True, "int": 1, "float": 1.0, "complex": 1j}
+
+
 @functools.lru_cache(maxsize=4096)
 def _ufunc_result(name: str, key: tuple) -> np.dtype | TypeError | None:
     """The result dtype of ufunc `name` for operand kinds `key`; the TypeError NumPy raises when no
     loop fits (raised at the call by :func:`elementwise`); None when unknown."""
-    operands = [np.ones(1, k[1]) if k[0] == "a" else k[1] for k in key]
+    operands = [np.ones(1, k[1]) if k[0] == "a" else _PROBE_SCALARS[k[1]] for k in key]
     try:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -100,13 +105,13 @@ def _key(x: Any) -> tuple:
     if isinstance(x, np.ndarray):
         return ("a", x.dtype)
     if isinstance(x, bool):
-        return ("s", True)
+        return ("s", "bool")
     if isinstance(x, int):
-        return ("s", 1)
+        return ("s", "int")
     if isinstance(x, float):
-        return ("s", 1.0)
+        return ("s", "float")
     if isinstance(x, complex):
-        return ("s", 1j)
+        return ("s", "complex")
     return ("?", type(x).__name__)
 
 

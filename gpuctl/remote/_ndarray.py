@@ -530,11 +530,54 @@ def _inplace_error(name: str, dtype: Any, other: Any) -> str | None:
     return None
 
 
+#: (ufunc, dtype, type of a Python scalar operand or dtype of a same-shape array) -> result dtype:
+#: the hot path of ``y = x * 2`` and ``z = x + y`` (no broadcasting to work out).
+_RESULT_DTYPES: dict[tuple, Any] = {}
+_SCALAR_KEYS = {int: ("s", "int"), float: ("s", "float"), bool: ("s", "bool")}
+
+
+def _fast_binary(name: str, self: "ndarray", other: Any, t: type, reflected: bool) -> "ndarray | None":
+    """``self op other`` queued without the general ufunc path when `other` is a Python number or a
+    same-shape array of the same connection and every dtype is known; None otherwise."""
+    dt = self._dtype
+    if dt is None or self._shape is None:
+        return None
+    if t is ndarray:
+        if other._conn is not self._conn or other._shape != self._shape or other._dtype is None:
+            return None
+        key = (name, dt, other._dtype, reflected)
+        arg = other._ref
+    else:
+        key = (name, dt, t, reflected)
+        arg = other
+    rdt = _RESULT_DTYPES.get(key)
+    if rdt is None:
+        keys = [("a", dt), ("a", other._dtype) if t is ndarray else _SCALAR_KEYS[t]]
+        if reflected:
+            keys.reverse()
+        r = _infer._ufunc_result(name, tuple(keys))
+        if not isinstance(r, np.dtype):
+            return None  # unknown or an error: the general path raises it
+        rdt = _RESULT_DTYPES[key] = r
+    args = [arg, self._ref] if reflected else [self._ref, arg]
+    return new_op(self._conn, name, args, None, (self._shape, rdt))
+
+
 def _binary(name: str):
     def op(self, other):
+        t = type(other)
+        if t is int or t is float or t is ndarray:
+            r = _fast_binary(name, self, other, t, False)
+            if r is not None:
+                return r
         return ufunc(name, self, other)
 
     def rop(self, other):
+        t = type(other)
+        if t is int or t is float:
+            r = _fast_binary(name, self, other, t, True)
+            if r is not None:
+                return r
         return ufunc(name, other, self)
 
     def iop(self, other):
