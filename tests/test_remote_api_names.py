@@ -358,3 +358,47 @@ def test_elementwise_kernel_needs_gpu(remote):
     conn.enqueue("elementwise_kernel", [], ["float32 x", "float32 y", "y = x", "k", "", []])
     with pytest.raises(NotImplementedError, match=r"op #\d+ elementwise_kernel\(.*\): ElementwiseKernel needs a GPU"):
         cp.synchronize()
+
+
+@SETTINGS
+@given(a=arrays(max_dims=2), b=arrays(max_dims=2))
+def test_stacking_and_shape_helpers(remote, a, b):
+    ra = cp.asarray(a)
+    same(cp.atleast_1d(ra), np.atleast_1d(a))
+    same(cp.atleast_2d(ra), np.atleast_2d(a))
+    same(cp.atleast_3d(ra), np.atleast_3d(a))
+    same(cp.atleast_3d(cp.asarray(a[0, ...]) if a.ndim > 1 else cp.asarray(a)), np.atleast_3d(a[0, ...] if a.ndim > 1 else a))
+    same(cp.append(ra, cp.asarray(b)), np.append(a, b))
+    same(cp.ravel(ra), np.ravel(a))
+    same(cp.copy(ra), np.copy(a))
+    same(cp.diagflat(ra), np.diagflat(a))
+    assert cp.ndim(ra) == a.ndim and cp.shape(ra) == a.shape and cp.size(ra) == a.size and cp.size(ra, 0) == a.shape[0]
+    rb = cp.asarray(b)
+    for name in ("vstack", "hstack", "column_stack", "dstack"):
+        try:
+            want = getattr(np, name)([a, b])
+        except ValueError:
+            with pytest.raises(ValueError):  # at the call, as NumPy and CuPy raise it
+                getattr(cp, name)([ra, rb])
+            continue
+        same(getattr(cp, name)([ra, rb]), want)
+    if a.shape == b.shape:
+        same(cp.isclose(ra, cp.asarray(b)), np.isclose(a, b))
+        same(cp.vdot(ra, cp.asarray(b)), np.asarray(np.vdot(a, b)), rtol=1e-4)
+    if a.ndim == 2:
+        same(cp.swapaxes(ra, 0, 1), np.swapaxes(a, 0, 1))
+
+
+@SETTINGS
+@given(n=st.integers(1, 6), m=st.one_of(st.none(), st.integers(1, 6)), k=st.integers(-2, 2),
+       num=st.integers(1, 8), base=st.sampled_from([2.0, 10.0]))
+def test_tri_logspace(remote, n, m, k, num, base):
+    same(cp.tri(n, m, k), np.tri(n, m, k))
+    same(cp.tri(n, m, k, dtype=cp.int32), np.tri(n, m, k, dtype=np.int32))
+    same(cp.logspace(0, 2, num, base=base), np.logspace(0, 2, num, base=base), rtol=1e-6)
+
+
+def test_dtype_routines_are_numpys(remote):
+    assert cp.result_type(cp.ones(2, dtype=cp.float32).dtype, cp.int64) == np.result_type(np.float32, np.int64)
+    assert cp.can_cast(cp.int8, cp.float32) and cp.promote_types(cp.int8, cp.uint8) == np.int16
+    assert cp.issubdtype(cp.float32, cp.floating) and cp.isscalar(3.0) and cp.bool is np.bool_

@@ -901,6 +901,9 @@ OPS.update(
                     _generator(s, g).integers(low, high, _size(size), dtype=_dt(dtype)),
                     frozenset(), _est_size(3), frozenset({4})),
 )
+OPS["isclose"] = Op(lambda s, a, b, rtol=1e-05, atol=1e-08, equal_nan=False:
+                   s.xp.isclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan),
+                   frozenset({"rtol", "atol", "equal_nan"}), lambda a, k: _est_broadcast(a[:2], k))
 OPS["elementwise_kernel"] = Op(
     lambda s, in_params, out_params, operation, name, preamble, arrays:
     s.executor.elementwise_kernel(in_params, out_params, operation, name, preamble, arrays),

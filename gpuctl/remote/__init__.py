@@ -42,7 +42,32 @@ from gpuctl.remote import _infer
 from gpuctl.remote import fft, linalg  # noqa: F401 - cp.fft, cp.linalg
 from gpuctl.remote._api import (  # noqa: F401 - public names, as cupy exports them
     allclose,
+    append,
     argwhere,
+    atleast_1d,
+    atleast_2d,
+    atleast_3d,
+    can_cast,
+    column_stack,
+    copy,
+    diagflat,
+    dstack,
+    hstack,
+    isclose,
+    isscalar,
+    issubdtype,
+    logspace,
+    min_scalar_type,
+    ndim,
+    promote_types,
+    ravel,
+    result_type,
+    shape,
+    size,
+    swapaxes,
+    tri,
+    vdot,
+    vstack,
     around,
     array_equal,
     array_split,
@@ -117,6 +142,15 @@ uint8, uint16, uint32, uint64 = np.uint8, np.uint16, np.uint32, np.uint64
 float16, float32, float64 = np.float16, np.float32, np.float64
 complex64, complex128 = np.complex64, np.complex128
 dtype = np.dtype
+bool = np.bool_  # noqa: A001 - cupy's name
+int_, intp, uintp = np.int_, np.intp, np.uintp
+half, single, double = np.float16, np.float32, np.float64
+csingle, cdouble = np.complex64, np.complex128
+byte, short, intc, longlong = np.byte, np.short, np.intc, np.longlong
+ubyte, ushort, uintc, ulonglong = np.ubyte, np.ushort, np.uintc, np.ulonglong
+generic, number, integer, signedinteger, unsignedinteger = np.generic, np.number, np.integer, np.signedinteger, np.unsignedinteger
+inexact, floating, complexfloating = np.inexact, np.floating, np.complexfloating
+euler_gamma = np.euler_gamma
 newaxis = None
 pi, e, inf, nan = np.pi, np.e, np.inf, np.nan
 
@@ -230,7 +264,7 @@ def arange(start: Any, stop: Any = None, step: Any = None, dtype: Any = None) ->
 def linspace(start: float, stop: float, num: int = 50, endpoint: bool = True, dtype: Any = None) -> ndarray:
     d = np.dtype(dtype) if dtype is not None else np.dtype(np.float64)
     conn = get_connection()
-    return new_op(conn, "linspace", [start, stop, int(num), bool(endpoint), {"d": dtype_name(d)}], None,
+    return new_op(conn, "linspace", [start, stop, int(num), builtins.bool(endpoint), {"d": dtype_name(d)}], None,
                   ((int(num),), d))
 
 

@@ -637,3 +637,136 @@ def load(file: Any, mmap_mode: Any = None, allow_pickle: bool = False) -> Any:
         with data:
             return {k: asarray(data[k]) for k in data.files}
     return asarray(data)
+
+
+# -- compositions of the ops above and host-side dtype routines --------------------------------
+result_type = np.result_type
+can_cast = np.can_cast
+promote_types = np.promote_types
+min_scalar_type = np.min_scalar_type
+issubdtype = np.issubdtype
+isscalar = np.isscalar
+
+
+def ndim(a: Any) -> int:
+    return a.ndim if isinstance(a, ndarray) else np.ndim(a)
+
+
+def shape(a: Any) -> tuple[int, ...]:
+    return a.shape if isinstance(a, ndarray) else np.shape(a)
+
+
+def size(a: Any, axis: int | None = None) -> int:
+    if not isinstance(a, ndarray):
+        return np.size(a, axis)
+    return a.size if axis is None else a.shape[axis]
+
+
+def copy(a: Any) -> ndarray:
+    """A new array with `a`'s contents (uploads host data)."""
+    return _asarray(a).copy()
+
+
+def ravel(a: Any) -> ndarray:
+    return _asarray(a).ravel()
+
+
+def swapaxes(a: Any, axis1: int, axis2: int) -> ndarray:
+    return _asarray(a).swapaxes(axis1, axis2)
+
+
+def atleast_1d(*arys: Any) -> Any:
+    out = [_asarray(a) if _asarray(a).ndim >= 1 else _asarray(a).reshape(1) for a in arys]
+    return out[0] if len(out) == 1 else out
+
+
+def atleast_2d(*arys: Any) -> Any:
+    out = []
+    for a in arys:
+        a = _asarray(a)
+        out.append(a if a.ndim >= 2 else a.reshape((1,) * (2 - a.ndim) + a.shape))
+    return out[0] if len(out) == 1 else out
+
+
+def atleast_3d(*arys: Any) -> Any:
+    out = []
+    for a in arys:
+        a = _asarray(a)
+        shape_ = {0: (1, 1, 1), 1: (1,) + a.shape + (1,), 2: a.shape + (1,)}.get(a.ndim, a.shape)
+        out.append(a.reshape(shape_) if a.ndim < 3 else a)
+    return out[0] if len(out) == 1 else out
+
+
+def hstack(tup: Sequence[Any]) -> ndarray:
+    from gpuctl.remote import concatenate
+
+    arrs = atleast_1d(*tup)
+    arrs = [arrs] if isinstance(arrs, ndarray) else arrs
+    return concatenate(arrs, axis=0 if arrs and arrs[0].ndim == 1 else 1)
+
+
+def vstack(tup: Sequence[Any]) -> ndarray:
+    from gpuctl.remote import concatenate
+
+    arrs = atleast_2d(*tup)
+    return concatenate([arrs] if isinstance(arrs, ndarray) else arrs, axis=0)
+
+
+def dstack(tup: Sequence[Any]) -> ndarray:
+    from gpuctl.remote import concatenate
+
+    arrs = atleast_3d(*tup)
+    return concatenate([arrs] if isinstance(arrs, ndarray) else arrs, axis=2)
+
+
+def column_stack(tup: Sequence[Any]) -> ndarray:
+    from gpuctl.remote import concatenate
+
+    arrs = [_asarray(a) for a in tup]
+    arrs = [a.reshape(a.shape[0], 1) if a.ndim < 2 else a for a in arrs]
+    return concatenate(arrs, axis=1)
+
+
+def append(arr: Any, values: Any, axis: int | None = None) -> ndarray:
+    from gpuctl.remote import concatenate
+
+    a, v = _asarray(arr), _asarray(values)
+    if axis is None:
+        return concatenate([a.ravel(), v.ravel()], axis=0)
+    return concatenate([a, v], axis=axis)
+
+
+def diagflat(v: Any, k: int = 0) -> ndarray:
+    return diag(_asarray(v).ravel(), k)
+
+
+def tri(N: int, M: int | None = None, k: int = 0, dtype: Any = float) -> ndarray:
+    """numpy.tri: ones at and below the k-th diagonal."""
+    from gpuctl.remote import ones
+
+    return tril(ones((N, N if M is None else M), dtype=dtype), k)
+
+
+def logspace(start: float, stop: float, num: int = 50, endpoint: bool = True, base: float = 10.0,
+             dtype: Any = None) -> ndarray:
+    """numpy.logspace: base ** linspace(start, stop, num)."""
+    from gpuctl.remote import linspace, power
+
+    y = power(float(base), linspace(start, stop, num, endpoint))
+    return y.astype(dtype) if dtype is not None else y
+
+
+def isclose(a: Any, b: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> ndarray:
+    """numpy.isclose, elementwise on the worker."""
+    shape_ = _infer.broadcast_or_raise(_infer.shape_of(a), _infer.shape_of(b))
+    kw = {"rtol": float(rtol), "atol": float(atol)}
+    if equal_nan:
+        kw["equal_nan"] = True
+    return _call("isclose", [a, b], [], kw, (shape_, np.dtype(np.bool_)) if shape_ is not None else Unknown)
+
+
+def vdot(a: Any, b: Any) -> ndarray:
+    """numpy.vdot: the dot product of the flattened arrays, the first conjugated."""
+    from gpuctl.remote import dot
+
+    return dot(conj(_asarray(a).ravel()), _asarray(b).ravel())

@@ -167,6 +167,7 @@ class PinnedMemoryPool:
 
 
 _POOL = MemoryPool()
+# cupy.cuda.MemoryPool / PinnedMemoryPool are the classes above
 _PINNED = PinnedMemoryPool()
 
 
