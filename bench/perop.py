@@ -19,10 +19,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import gpuctl.remote as cp  # noqa: E402
-from gpuctl.datapath.testing import running_worker  # noqa: E402
+import gpuctl.remote as cp
+from gpuctl.datapath.testing import running_worker
 
 
 def per_op(xp, sync, kind: str, n: int) -> float:

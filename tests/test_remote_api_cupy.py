@@ -16,8 +16,8 @@ except Exception:  # noqa: BLE001 - no driver
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_GPUS == 0, reason="needs an NVIDIA GPU")]
 
-import gpuctl.remote as cp  # noqa: E402
-from gpuctl.datapath.testing import running_worker  # noqa: E402
+import gpuctl.remote as cp
+from gpuctl.datapath.testing import running_worker
 
 
 @pytest.fixture(scope="module")

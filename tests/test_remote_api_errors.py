@@ -43,8 +43,8 @@ CASES = {
     "matmul_mismatch": (lambda xp, a: a @ a, ValueError, r"matmul: Input operand 1 has a mismatch"),
     "dot_mismatch": (lambda xp, a: xp.dot(a, a), ValueError, r"shapes \(3, 4\) and \(3, 4\) not aligned"),
     "bool_mask_wrong_shape": (lambda xp, a, m: a[m], IndexError,
-                              r"boolean index did not match indexed array along axis 0; size of axis is 3 but size "
-                              r"of corresponding boolean axis is 4"),
+                              (r"boolean index did not match indexed array along axis 0; size of axis is 3 but "
+                               r"size of corresponding boolean axis is 4")),
     "broadcast": (lambda xp, a, o5: a + o5, ValueError, r"operands could not be broadcast together"),
     "broadcast_inplace_where": (lambda xp, a, o7: xp.where(a, a, o7), ValueError,
                                 r"operands could not be broadcast together"),

@@ -27,7 +27,10 @@ def remote():
             cp.detach()
 
 
-def mats(dtype=FLOATS, square=True, batch=st.lists(st.integers(1, 2), max_size=1)):
+BATCH = st.lists(st.integers(1, 2), max_size=1)
+
+
+def mats(dtype=FLOATS, square=True, batch=BATCH):
     @st.composite
     def build(draw):
         n = draw(st.integers(1, 5))

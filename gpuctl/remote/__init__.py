@@ -32,82 +32,77 @@ from __future__ import annotations
 
 import builtins
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from gpuctl.datapath.ops import BINARY_UFUNCS, UNARY_UFUNCS
-from gpuctl.remote import cuda, random  # noqa: F401 - cp.cuda, cp.random
-from gpuctl.remote import _infer
-from gpuctl.remote import fft, linalg  # noqa: F401 - cp.fft, cp.linalg
+from gpuctl.remote import _infer, cuda, fft, linalg, random  # noqa: F401 - cp.cuda, cp.random  # noqa: F401 - cp.fft, cp.linalg
 from gpuctl.remote._api import (  # noqa: F401 - public names, as cupy exports them
     allclose,
     append,
     argwhere,
-    atleast_1d,
-    atleast_2d,
-    atleast_3d,
-    can_cast,
-    column_stack,
-    copy,
-    diagflat,
-    dstack,
-    hstack,
-    isclose,
-    isscalar,
-    issubdtype,
-    logspace,
-    min_scalar_type,
-    ndim,
-    promote_types,
-    ravel,
-    result_type,
-    shape,
-    size,
-    swapaxes,
-    tri,
-    vdot,
-    vstack,
     around,
     array_equal,
     array_split,
     astype,
+    atleast_1d,
+    atleast_2d,
+    atleast_3d,
     bincount,
     broadcast_arrays,
     broadcast_to,
+    can_cast,
+    column_stack,
     conj,
     conjugate,
     count_nonzero,
     cumprod,
     diag,
+    diagflat,
     diagonal,
     diff,
+    dstack,
     finfo,
     flatnonzero,
     flip,
     fliplr,
     flipud,
     histogram,
+    hstack,
     iinfo,
     imag,
+    isclose,
+    isscalar,
+    issubdtype,
     load,
+    logspace,
     meshgrid,
+    min_scalar_type,
     moveaxis,
     nan_to_num,
+    ndim,
     nonzero,
     pad,
     percentile,
+    promote_types,
+    ravel,
     real,
     repeat,
+    result_type,
     roll,
     rot90,
     save,
     searchsorted,
+    size,
     split,
+    swapaxes,
     take,
     take_along_axis,
     tile,
     trace,
+    tri,
     tril,
     triu,
     unique,
@@ -115,11 +110,8 @@ from gpuctl.remote._api import (  # noqa: F401 - public names, as cupy exports t
     unique_counts,
     unique_inverse,
     unique_values,
-)
-from gpuctl.remote.cuda import (  # noqa: F401
-    ElementwiseKernel,
-    get_default_memory_pool,
-    get_default_pinned_memory_pool,
+    vdot,
+    vstack,
 )
 from gpuctl.remote._connection import (  # noqa: F401 - public names
     AttachError,
@@ -132,8 +124,23 @@ from gpuctl.remote._connection import (  # noqa: F401 - public names
     get_connection,
     parse_attach,
 )
-from gpuctl.remote._ndarray import _Temps, conn_of, dtype_name, enc, ndarray, new_op, operand, ufunc
-from gpuctl.remote.cuda import OutOfMemoryError, RawKernel  # noqa: F401
+from gpuctl.remote._ndarray import (
+    _Temps,
+    conn_of,
+    dtype_name,
+    enc,
+    ndarray,
+    new_op,
+    operand,
+    ufunc,
+)
+from gpuctl.remote.cuda import (  # noqa: F401  # noqa: F401
+    ElementwiseKernel,
+    OutOfMemoryError,
+    RawKernel,
+    get_default_memory_pool,
+    get_default_pinned_memory_pool,
+)
 
 # dtypes and constants, as cupy exports them
 bool_ = np.bool_
@@ -142,7 +149,7 @@ uint8, uint16, uint32, uint64 = np.uint8, np.uint16, np.uint32, np.uint64
 float16, float32, float64 = np.float16, np.float32, np.float64
 complex64, complex128 = np.complex64, np.complex128
 dtype = np.dtype
-bool = np.bool_  # noqa: A001 - cupy's name
+bool = np.bool_
 int_, intp, uintp = np.int_, np.intp, np.uintp
 half, single, double = np.float16, np.float32, np.float64
 csingle, cdouble = np.complex64, np.complex128
@@ -309,7 +316,7 @@ for _name in (*UNARY_UFUNCS, *BINARY_UFUNCS):
     if _name not in ("conj", "conjugate"):
         globals()[_name] = _make_ufunc(_name)
 
-round = around  # noqa: A001 - cupy's name
+round = around
 round_ = around
 
 
@@ -412,7 +419,7 @@ def squeeze(a: ndarray, axis: Any = None) -> ndarray:
 
 
 # -- reductions -------------------------------------------------------------------------------
-def sum(a, axis=None, dtype=None, out=None, keepdims=False):  # noqa: A001 - cupy's name
+def sum(a, axis=None, dtype=None, out=None, keepdims=False):
     return asarray(a).sum(axis, dtype, out, keepdims)
 
 
@@ -432,11 +439,11 @@ def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
     return asarray(a).std(axis, dtype, out, ddof, keepdims)
 
 
-def max(a, axis=None, out=None, keepdims=False):  # noqa: A001
+def max(a, axis=None, out=None, keepdims=False):
     return asarray(a).max(axis, out, keepdims)
 
 
-def min(a, axis=None, out=None, keepdims=False):  # noqa: A001
+def min(a, axis=None, out=None, keepdims=False):
     return asarray(a).min(axis, out, keepdims)
 
 
@@ -451,11 +458,11 @@ def argmin(a, axis=None, out=None, *, keepdims=False):
     return asarray(a).argmin(axis, out, keepdims=keepdims)
 
 
-def any(a, axis=None, out=None, keepdims=False):  # noqa: A001
+def any(a, axis=None, out=None, keepdims=False):
     return asarray(a).any(axis, out, keepdims)
 
 
-def all(a, axis=None, out=None, keepdims=False):  # noqa: A001
+def all(a, axis=None, out=None, keepdims=False):
     return asarray(a).all(axis, out, keepdims)
 
 
@@ -482,3 +489,10 @@ def stats() -> dict[str, Any]:
     """The lease worker's accounting (memory_in_use_bytes, quota_bytes, bytes_in, bytes_out,
     ops_total, ops_per_s, ...). Not in CuPy."""
     return get_connection().sync("stats")
+
+
+# Names that are also parameter names above (cupy.empty(shape), cupy.array(copy=)): bound last.
+from gpuctl.remote import _api
+
+copy = _api.copy
+shape = _api.shape

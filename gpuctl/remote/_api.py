@@ -13,15 +13,26 @@ cost one round trip when asked.
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from gpuctl.datapath.ops import _pad_widths, _tile_shape
 from gpuctl.remote import _infer
-from gpuctl.remote._ndarray import _Temps, conn_of, dtype_name, enc, ndarray, new_op, new_ops, operand
+from gpuctl.remote._ndarray import (
+    _Temps,
+    conn_of,
+    dtype_name,
+    enc,
+    ndarray,
+    new_op,
+    new_ops,
+    operand,
+)
 
 Unknown = _infer.Unknown
 
@@ -97,7 +108,7 @@ def astype(x: Any, dtype: Any, /, *, copy: bool = True) -> ndarray:
 
 # -- shape and order ---------------------------------------------------------------------------
 class _Dims:
-    __slots__ = ("shape", "ndim")
+    __slots__ = ("ndim", "shape")
 
     def __init__(self, shape: tuple[int, ...]):
         self.shape, self.ndim = shape, len(shape)
@@ -181,7 +192,7 @@ def _split(ary: Any, ios: Any, axis: int, strict: bool) -> list[ndarray]:
     else:
         bounds = [0, *[int(i) for i in ios], n]
     out = []
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
+    for lo, hi in itertools.pairwise(bounds):
         key = (slice(None),) * ax + (slice(lo, hi),)
         out.append(a[key])
     return out
@@ -475,10 +486,7 @@ def diff(a: Any, n: int = 1, axis: int = -1) -> ndarray:
         ax = _axis(axis, len(a._shape))
         shape = list(a._shape)
         shape[ax] = max(0, shape[ax] - n)
-        dt = a._dtype if n else a._dtype
-        if n and a._dtype == np.bool_:
-            dt = np.dtype(np.bool_)
-        inferred = (tuple(shape), dt)
+        inferred = (tuple(shape), a._dtype)  # bool stays bool (not_equal), others keep their dtype
     return _call("diff", [a], [n, int(axis)], None, inferred)
 
 
@@ -770,3 +778,21 @@ def vdot(a: Any, b: Any) -> ndarray:
     from gpuctl.remote import dot
 
     return dot(conj(_asarray(a).ravel()), _asarray(b).ravel())
+
+
+# -- ndarray methods built on the functions above (attached here: _ndarray does not import this
+# module, so the two stay free of an import circle) -------------------------------------------
+def _method_conj(self: ndarray) -> ndarray:
+    return conj(self)
+
+
+ndarray.nonzero = lambda self: nonzero(self)  # type: ignore[attr-defined]
+ndarray.repeat = lambda self, repeats, axis=None: repeat(self, repeats, axis)  # type: ignore[attr-defined]
+ndarray.take = lambda self, indices, axis=None: take(self, indices, axis)  # type: ignore[attr-defined]
+ndarray.diagonal = lambda self, offset=0, axis1=0, axis2=1: diagonal(self, offset, axis1, axis2)  # type: ignore[attr-defined]
+ndarray.trace = (lambda self, offset=0, axis1=0, axis2=1, dtype=None, out=None:  # type: ignore[attr-defined]
+                 trace(self, offset, axis1, axis2, dtype, out))
+ndarray.round = lambda self, decimals=0, out=None: around(self, decimals, out)  # type: ignore[attr-defined]
+ndarray.conj = ndarray.conjugate = _method_conj  # type: ignore[attr-defined]
+ndarray.real = property(lambda self: real(self), doc="numpy.real of the array")  # type: ignore[attr-defined]
+ndarray.imag = property(lambda self: imag(self), doc="numpy.imag of the array")  # type: ignore[attr-defined]

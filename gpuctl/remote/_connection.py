@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuctl.remote._errors import OutOfMemoryError
 from gpuctl.datapath.protocol import (
     FLAG_SYNC,
     GET_FRAME,
@@ -265,8 +266,6 @@ class Connection:
         count cannot see (temporaries, views copied by reshape)."""
         quota = self.quota_bytes
         if quota and self.live_bytes + nbytes > quota:
-            from gpuctl.remote.cuda import OutOfMemoryError
-
             with self._lock:
                 if self._pending_free:
                     self._take_frees()
@@ -476,11 +475,9 @@ _WIRE_DTYPES = frozenset(
 
 def make_error(err: dict[str, Any]) -> Exception:
     """The client-side exception for a worker's error record {"type", "message", "op"}."""
-    from gpuctl.remote.cuda import memory
-
     etype, msg = err.get("type"), str(err.get("message"))
     cls = {
-        "OutOfMemoryError": memory.OutOfMemoryError,
+        "OutOfMemoryError": OutOfMemoryError,
         "ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError,
         "ZeroDivisionError": ZeroDivisionError, "NotImplementedError": NotImplementedError,
         "FloatingPointError": FloatingPointError, "OverflowError": OverflowError,

@@ -410,53 +410,6 @@ class ndarray:
     def cumprod(self, axis=None, dtype=None, out=None):
         return self._reduce("cumprod", axis, dtype, out)
 
-    def nonzero(self):
-        from gpuctl.remote._api import nonzero
-
-        return nonzero(self)
-
-    def repeat(self, repeats, axis=None):
-        from gpuctl.remote._api import repeat
-
-        return repeat(self, repeats, axis)
-
-    def take(self, indices, axis=None):
-        from gpuctl.remote._api import take
-
-        return take(self, indices, axis)
-
-    def diagonal(self, offset=0, axis1=0, axis2=1):
-        from gpuctl.remote._api import diagonal
-
-        return diagonal(self, offset, axis1, axis2)
-
-    def trace(self, offset=0, axis1=0, axis2=1, dtype=None, out=None):
-        from gpuctl.remote._api import trace
-
-        return trace(self, offset, axis1, axis2, dtype, out)
-
-    def round(self, decimals=0, out=None):
-        from gpuctl.remote._api import around
-
-        return around(self, decimals, out)
-
-    def conj(self):
-        return ufunc("conjugate", self)
-
-    conjugate = conj
-
-    @property
-    def real(self) -> "ndarray":
-        from gpuctl.remote._api import real
-
-        return real(self)
-
-    @property
-    def imag(self) -> "ndarray":
-        from gpuctl.remote._api import imag
-
-        return imag(self)
-
     def clip(self, a_min=None, a_max=None):
         from gpuctl.remote import clip
 

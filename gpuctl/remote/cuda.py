@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuctl.remote._connection import get_connection
+from gpuctl.remote._errors import OutOfMemoryError as _OutOfMemoryError
 
 #: Same words as the worker's NumPy executor.
 RAWKERNEL_NEEDS_GPU = "RawKernel needs a GPU node (this lease runs on the NumPy executor)"
@@ -20,9 +21,7 @@ RAWKERNEL_NEEDS_GPU = "RawKernel needs a GPU node (this lease runs on the NumPy 
 class _Memory:
     """Namespace standing for ``cupy.cuda.memory``."""
 
-    class OutOfMemoryError(MemoryError):
-        """The slice's memory quota would be exceeded. The message names the op, the bytes it
-        needed, the bytes in use and the quota. The lease stays usable: free arrays and go on."""
+    OutOfMemoryError = _OutOfMemoryError
 
 
 memory = _Memory()
@@ -73,10 +72,10 @@ class Device:
         """(free_bytes, total_bytes) of the lease's slice, as runtime.memGetInfo() (a round trip)."""
         return runtime.memGetInfo()
 
-    def __enter__(self) -> "Device":
+    def __enter__(self) -> Device:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         return None
 
 
@@ -89,7 +88,7 @@ class Stream:
     runs in order on the worker's one stream (no concurrency between streams). ``synchronize()``
     waits for every queued op of the default connection; ``with stream:`` does nothing else."""
 
-    null: "Stream"
+    null: Stream
 
     def __init__(self, null: bool = False, non_blocking: bool = False, ptds: bool = False):
         self.null_stream = bool(null)
@@ -97,13 +96,13 @@ class Stream:
     def synchronize(self) -> None:
         get_connection().sync("sync")
 
-    def use(self) -> "Stream":
+    def use(self) -> Stream:
         return self
 
-    def __enter__(self) -> "Stream":
+    def __enter__(self) -> Stream:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         return None
 
     def done(self) -> bool:
@@ -200,8 +199,8 @@ class ElementwiseKernel:
     def __call__(self, *args: Any, size: int | None = None) -> Any:
         import numpy as np
 
-        from gpuctl.remote._ndarray import _Temps, conn_of, dtype_name, ndarray, operand
         from gpuctl.remote._infer import broadcast_or_raise, shape_of
+        from gpuctl.remote._ndarray import _Temps, conn_of, dtype_name, ndarray, operand
 
         conn = conn_of(*args)
         if conn.executor == "numpy":
