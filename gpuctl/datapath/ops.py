@@ -615,13 +615,23 @@ def _repeat_len(a: Any, repeats: Any, axis: Any) -> int:
 
 
 def _repeat(s, a, repeats, axis=None):
-    if isinstance(repeats, int):
+    """numpy.repeat with the result's element count bounded before it is made (an array of
+    repeats is summed on the device first: one sync on GPU nodes)."""
+    if axis is not None and (type(axis) is not int or not -max(a.ndim, 1) <= axis < max(a.ndim, 1)):
+        raise ValueError(f"repeat: axis {axis!r} is out of bounds for an array of dimension {a.ndim}")
+    if isinstance(repeats, int) and not isinstance(repeats, bool):
         _bound(_repeat_len(a, repeats, axis), "repeat")
     elif hasattr(repeats, "shape"):
         if repeats.dtype.kind not in "iu":
             raise TypeError("repeat: repeats must be integers")
-        total = int(repeats.sum()) * (1 if repeats.size > 1 else (a.size if axis is None else a.size // max(1, a.shape[axis])))
-        _bound(total * (1 if axis is None or repeats.size == 1 else a.size // max(1, a.shape[axis])), "repeat")
+        if repeats.size == 1:
+            n = a.size * int(repeats.reshape(-1)[0])
+        else:
+            rest = 1 if axis is None else a.size // max(1, a.shape[axis])
+            n = int(repeats.sum()) * rest
+        _bound(n, "repeat")
+    else:
+        raise TypeError(f"repeat: repeats must be an int or an integer array, got {repeats!r}")
     return s.xp.repeat(a, repeats, axis=axis)
 
 
