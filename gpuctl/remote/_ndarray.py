@@ -450,6 +450,8 @@ class ndarray:
         return ufunc("invert", self)
 
     def __matmul__(self, other):
+        if type(other) is ndarray and other._conn is self._conn:  # hot path: both remote, no uploads
+            return new_op(self._conn, "matmul", [self._ref, other._ref], None, _infer.matmul(self, other))
         from gpuctl.remote import matmul
 
         return matmul(self, other)
