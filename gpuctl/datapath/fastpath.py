@@ -25,6 +25,9 @@ FAST_OPS: dict[str, str] = {name: name for name in (*ops_mod.UNARY_UFUNCS, *ops_
 FAST_OPS.update(matmul="matmul", dot="dot")
 #: Of those, the ops that take ``out=`` (as the allow-list says).
 OUT_OPS = frozenset(n for n in FAST_OPS if "out" in ops_mod.OPS[n].kwargs)
+#: Executors whose array module this path calls directly (others, e.g. a torch executor with its
+#: own op table, always take the general path).
+FAST_EXECUTORS = frozenset({"numpy", "cupy"})
 #: Signatures remembered per session (a program has few; the bound keeps a hostile one small).
 MAX_SIGNATURES = 4096
 
@@ -46,7 +49,7 @@ def run(session: Any, name: str, outs: list, raw_args: list, raw_kwargs: Any, se
     """Run op `name` on the hot path when it qualifies; True when done (result stored), False when
     the general path must take it (nothing has been done then). Exceptions of the op itself
     propagate, for the caller to report and poison `outs` as for any op."""
-    if len(outs) > 1:
+    if len(outs) > 1 or getattr(session.executor, "name", None) not in FAST_EXECUTORS:
         return False
     handles = session.handles
     out_arr = None
@@ -122,6 +125,8 @@ def run(session: Any, name: str, outs: list, raw_args: list, raw_kwargs: Any, se
 def free(session: Any, raw_args: list) -> bool:
     """Free handles given as ``{"h": N}`` (the client's queued frees); False (nothing done) for
     anything else, which the general path refuses with its message."""
+    if getattr(session.executor, "name", None) not in FAST_EXECUTORS:
+        return False
     for v in raw_args:
         if type(v) is not dict or len(v) != 1 or type(v.get("h")) is not int:
             return False
