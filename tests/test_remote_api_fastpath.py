@@ -165,3 +165,18 @@ def test_operator_hot_path_equals_numpy(remote, dt, dt2, op, scalar):
     host = got.get()
     assert host.dtype == want.dtype
     np.testing.assert_array_equal(host, want)
+
+
+def test_other_executors_take_the_general_path():
+    s, peer = session(1 << 20)
+    try:
+        s.executor.name = "torch"  # an executor with its own op table: never the hot path
+        s.handles[1] = np.ones(3, np.float32)
+        s.seq += 1
+        s._run_op(["add", [2], [{"h": 1}, 1]], None, [])
+        s.seq += 1
+        s._run_op(["free", [], [{"h": 2}]], None, [])
+        assert "_sig_cache" not in s.__dict__ and 2 not in s.handles and s.error is None
+    finally:
+        s.close()
+        peer.close()
