@@ -55,6 +55,10 @@ PARTIAL: dict[str, str] = {
     "linalg.cholesky": "not positive definite raises (numpy.linalg) at the next sync; CuPy gives nan",
     "fft.fft2": "", "random.default_rng": "Generator: random, standard_normal, normal, uniform, integers",
     "random.rand": "", "random.randint": "",
+    **{f"ndarray.{n}": "no out=" for n in ("all", "any", "argmax", "argmin", "cumprod", "cumsum", "max", "mean",
+                                             "min", "prod", "std", "sum", "var", "round", "trace", "clip")},
+    "ndarray.copy": "no order=F", "ndarray.flatten": "no order=", "ndarray.ravel": "no order=",
+    "ndarray.reshape": "order C or F", "ndarray.astype": "no order=, casting=",
 }
 
 
