@@ -9,8 +9,8 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
 
-import deepbench  # noqa: E402
-from _stats import median_of  # noqa: E402
+import deepbench
+from _stats import median_of
 
 
 def test_training_set_has_deepbench_160_problems():
