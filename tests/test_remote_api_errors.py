@@ -109,6 +109,15 @@ def test_inplace_same_kind_casting_error_at_the_call(remote):
     assert x.get().tolist() == [1, 2, 3]
 
 
+def test_inplace_casting_check_is_by_operand_dtype_not_type(remote):
+    x = cp.arange(3, dtype=cp.int32)
+    with pytest.raises(TypeError, match=r"Cannot cast ufunc 'add' output from dtype\('float64'\)"):
+        x += np.ones(3, np.float64)  # a NumPy float array: refused at the call
+    x += np.ones(3, np.int32)  # a NumPy int array of the same Python type: allowed
+    x += [1, 1, 1]  # a list: the worker checks
+    assert x.get().tolist() == [2, 3, 4]
+
+
 def test_value_dependent_errors_still_surface_at_next_sync_naming_the_op(remote):
     a = cp.arange(3)
     idx = cp.asarray(np.array([5], np.int64))
@@ -199,3 +208,4 @@ def test_other_connections_of_the_lease_are_the_workers_to_count(slice_20mib):
         assert cp.cuda.runtime.memGetInfo() == ((20 << 20) - (16 << 20), 20 << 20)  # unchanged
     finally:
         other.close()
+

@@ -467,14 +467,22 @@ _UNCHECKED = object()
 _INPLACE_CHECKED: dict[tuple, str | None] = {}
 
 
+_PY_SCALARS = frozenset({int, float, complex, bool})
+
+
 def _inplace_error(name: str, dtype: Any, other: Any) -> str | None:
     """NumPy's error for ``x op= other`` when the result cannot be cast back into x's dtype under
     same_kind casting (``int_array += 1.5``), or None when it can or is not known here."""
     if dtype is None or (isinstance(other, ndarray) and other._dtype is None):
         return None
-    probe = other if not isinstance(other, ndarray) else np.ones(1, other._dtype)
-    if isinstance(probe, (int, float, complex, bool)):
-        probe = type(probe)(1)
+    if isinstance(other, ndarray):
+        probe = np.ones(1, other._dtype)
+    elif isinstance(other, np.ndarray):
+        probe = np.ones(1, other.dtype)  # by dtype only: the cache key holds no shape or value
+    elif isinstance(other, (int, float, complex, bool)):
+        probe = type(other)(1)
+    else:
+        probe = other
     try:
         with np.errstate(all="ignore"):
             getattr(np, name)(np.ones(1, dtype), probe, out=np.ones(1, dtype))
@@ -537,13 +545,22 @@ def _binary(name: str):
 
     def iop(self, other):
         t = type(other)
-        key = (name, self._dtype, t if t is not ndarray else other._dtype)
-        err = _INPLACE_CHECKED.get(key, _UNCHECKED)
-        if err is _UNCHECKED:
-            err = _inplace_error(name, self._dtype, other)
-            _INPLACE_CHECKED[key] = err
-        if err is not None:
-            raise TypeError(err)
+        if t is ndarray:
+            okind = other._dtype
+        elif t is np.ndarray:
+            okind = other.dtype
+        elif t in _PY_SCALARS or issubclass(t, np.generic):
+            okind = t
+        else:
+            okind = None  # lists and the like: the worker checks
+        if okind is not None:
+            key = (name, self._dtype, okind)
+            err = _INPLACE_CHECKED.get(key, _UNCHECKED)
+            if err is _UNCHECKED:
+                err = _inplace_error(name, self._dtype, other)
+                _INPLACE_CHECKED[key] = err
+            if err is not None:
+                raise TypeError(err)
         if t is float or t is int or (t is ndarray and other._conn is self._conn):  # fast path
             ref = self._ref
             self._conn.enqueue(name, [], [ref, other._ref if t is ndarray else other], {"out": ref})
