@@ -3,14 +3,20 @@
     python bench/datapath.py --executor numpy            # CPU machine: ratios to local NumPy
     python bench/datapath.py --executor cupy --gpu 0     # GPU node: ratios to local CuPy
 
-Every figure is measured in the same run: GEMM (DeepBench training shapes, fp16/fp32, one warm-up
-then N back-to-back products between two synchronizations), small ops (x += 1 on 1024 floats,
-10,000 times, then synchronize), scalar round trip (``float(x)`` of a 0-d array) vs a plain TCP
-ping-pong on loopback, 256 MiB host-to-device / device-to-host vs a plain Python TCP stream, and
-fractional leases (2 x 1/2 and 4 x 1/4 on one GPU running the GEMM loop at once) vs one full
-lease. Prints a table and writes JSON (``--out``). Workers are pinned by the GPU's UUID (as gpuctld
-pins them); fractional leases use an MPS control daemon started here the way gpuctld's MPS manager
-starts it (gpuctl.daemon.mps, ``--mps self``; ``--mps none`` for time-slicing).
+Every figure is measured in the same run, and each ratio is the median of ``--runs`` (5) runs of
+remote and local taken in turn: GEMM (the 160 DeepBench training problems with ``--gemm-set
+train``, transposes as DeepBench gives them, fp16/fp32; one warm-up, then N back-to-back products
+between two synchronizations, N from a time budget), small ops (``x += 1`` and ``y = x * 2`` on
+1024 floats, 10,000 times, then synchronize), scalar round trip (``float(x)`` of a 0-d array) vs a
+plain TCP ping-pong on loopback, 256 MiB host-to-device / device-to-host vs a plain Python TCP
+stream, and fractional leases (2 x 1/2 and 4 x 1/4 on one GPU running the GEMM loop at once) vs
+one full lease. Prints a table (and a summary against issue 14's targets) and writes JSON
+(``--out``). Workers are pinned by the GPU's UUID (as gpuctld pins them); fractional leases use an
+MPS control daemon started here the way gpuctld's MPS manager starts it (gpuctl.daemon.mps, ``--mps
+self``; ``--mps none`` for time-slicing).
+
+Issue 14 targets: every DeepBench training GEMM >= 0.80 of local (>= 0.98 where local takes
+>= 1 ms); ``x += 1`` <= 1.2x local; scalar round trip <= 2x the loopback TCP RTT.
 """
 
 from __future__ import annotations
@@ -34,9 +40,8 @@ import numpy as np  # noqa: E402
 from gpuctl.datapath.testing import running_worker  # noqa: E402
 from gpuctl.remote._connection import Connection, parse_attach  # noqa: E402
 
-DEEPBENCH_TRAIN = [(1760, 16, 1760), (1760, 128, 1760), (2560, 64, 2560), (4096, 7000, 4096),
-                   (5124, 9124, 2560), (7680, 64, 2560), (3072, 128, 1024), (7680, 5481, 2560),
-                   (1024, 700, 512), (8448, 48000, 2816)]
+import deepbench  # noqa: E402 - bench/deepbench.py
+from _stats import median_of  # noqa: E402
 
 # A tiny TCP peer in a separate process: echo (RTT) or sink/source (stream bandwidth). Its buffers
 # are allocated (and touched) before it prints its port, so no timing includes them.
@@ -143,60 +148,77 @@ def best_of(fn: Callable[[], float], repeat: int) -> float:
     return min(fn() for _ in range(repeat))
 
 
-def gemm_reps(xp: Any, sync: Callable[[], None], shapes: list, dtypes: list, reps: int,
-              budget_s: float) -> dict[str, int]:
-    """Products per shape: `reps`, unless `reps` local products would take more than `budget_s`
-    (timed from 3 products after a warm-up), then as many as fit (at least 10)."""
+def gemm_key(p: deepbench.Problem, dt: str) -> str:
+    m, n, k, at, bt = p
+    return f"{m}x{n}x{k}/{'T' if at else 'N'}{'T' if bt else 'N'}/{dt}"
+
+
+def gemm_operands(xp: Any, p: deepbench.Problem, dt: str) -> tuple[Any, Any]:
+    """op(A) (M x K) and op(B) (K x N) as DeepBench lays them out: a transposed operand is the
+    transpose (a view) of a stored K x M / N x K array."""
+    m, n, k, at, bt = p
+
+    def make(shape: tuple[int, int]) -> Any:
+        return xp.ones(shape, dtype=dt) if xp is np else xp.random.rand(*shape).astype(dt)
+
+    a = make((k, m)).T if at else make((m, k))
+    b = make((n, k)).T if bt else make((k, n))
+    return a, b
+
+
+def gemm_run(xp: Any, sync: Callable[[], None], a: Any, b: Any, reps: int) -> float:
+    """Seconds per product: `reps` back-to-back products between two synchronizations."""
+    sync()
+    t = time.perf_counter()
+    for _ in range(reps):
+        c = a @ b
+    sync()
+    del c
+    return (time.perf_counter() - t) / reps
+
+
+def bench_gemm(local: "Local", cp: Any, problems: list, dtypes: list, runs: int, budget_s: float,
+               max_reps: int, min_reps: int) -> dict[str, dict[str, Any]]:
+    """For each problem and dtype: `runs` runs of local and remote in turn (reps products each,
+    reps = the products that fit in `budget_s` by a timed local warm-up, within [min_reps,
+    max_reps]); the ratio is median(local) / median(remote)."""
     out = {}
     for dt in dtypes:
-        for (m, n, k) in shapes:
-            a = xp.ones((m, k), dtype=dt)
-            b = xp.ones((k, n), dtype=dt)
-            c = a @ b
-            sync()
-            t = time.perf_counter()
-            for _ in range(3):
-                c = a @ b
-            sync()
-            per = (time.perf_counter() - t) / 3
-            out[f"{m}x{n}x{k}/{dt}"] = reps if per * reps <= budget_s else max(10, int(budget_s / per))
-            del a, b, c
+        for p in problems:
+            key = gemm_key(p, dt)
+            la, lb = gemm_operands(local.xp, p, dt)
+            ra, rb = gemm_operands(cp, p, dt)
+            gemm_run(local.xp, local.sync, la, lb, 1)  # warm-up: cuBLAS plan, clocks
+            per = gemm_run(local.xp, local.sync, la, lb, 2)
+            reps = max(min_reps, min(max_reps, int(budget_s / max(per, 1e-9))))
+            gemm_run(cp, cp.synchronize, ra, rb, 2)
+            loc, rem = [], []
+            for _ in range(runs):
+                loc.append(gemm_run(local.xp, local.sync, la, lb, reps))
+                rem.append(gemm_run(cp, cp.synchronize, ra, rb, reps))
+            lm, rm = median_of(loc), median_of(rem)
+            out[key] = {"local_s": lm, "remote_s": rm, "ratio_local_over_remote": lm / rm, "reps": reps,
+                        "local_runs_s": loc, "remote_runs_s": rem, "target": 0.98 if lm >= 1e-3 else 0.80}
+            del la, lb, ra, rb
     return out
 
 
-def bench_gemm(xp: Any, sync: Callable[[], None], shapes: list, dtypes: list, reps: dict[str, int]) -> dict:
-    """Seconds per product for each shape: one warm-up, then reps[shape] back-to-back products
-    between two synchronizations (DeepBench's method)."""
-    out = {}
-    for dt in dtypes:
-        for (m, n, k) in shapes:
-            key = f"{m}x{n}x{k}/{dt}"
-            a = xp.ones((m, k), dtype=dt) if xp is np else xp.random.rand(m, k).astype(dt)
-            b = xp.ones((k, n), dtype=dt) if xp is np else xp.random.rand(k, n).astype(dt)
-            c = a @ b  # warm-up
-            sync()
-            t = time.perf_counter()
-            for _ in range(reps[key]):
-                c = a @ b
-            sync()
-            out[key] = (time.perf_counter() - t) / reps[key]
-            del a, b, c
-    return out
-
-
-def bench_small_ops(xp: Any, sync: Callable[[], None], n: int = 10_000) -> float:
+def bench_small_ops(xp: Any, sync: Callable[[], None], n: int = 10_000, kind: str = "inplace") -> float:
+    """Seconds per op of `n` small ops then one synchronization: ``x += 1`` (inplace) or
+    ``y = x * 2`` (an op with an output, freed at the next one) on 1024 float32."""
     x = xp.zeros(1024, dtype=xp.float32)
     x += 1
     sync()
-
-    def run() -> float:
-        t = time.perf_counter()
+    t = time.perf_counter()
+    if kind == "inplace":
         for _ in range(n):
             x.__iadd__(1)
-        sync()
-        return (time.perf_counter() - t) / n
-
-    return best_of(run, 3)
+    else:
+        for _ in range(n):
+            y = x * 2
+        del y
+    sync()
+    return (time.perf_counter() - t) / n
 
 
 def bench_scalar_rtt(cp: Any, n: int = 2000) -> float:
@@ -326,12 +348,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--executor", choices=("numpy", "cupy"), default="numpy")
     ap.add_argument("--gpu", type=int, default=0, help="GPU index for --executor cupy")
-    ap.add_argument("--gemm-reps", type=int, default=None, help="products per GEMM figure (400 on cupy, 3 on numpy)")
-    ap.add_argument("--gemm-budget-s", type=float, default=60.0,
-                    help="at most this many seconds of local products per GEMM shape; a shape that would take "
-                         "longer runs fewer products (recorded in the JSON as reps and reps_reason)")
+    ap.add_argument("--runs", type=int, default=5, help="runs of remote and local (in turn) per figure; ratios "
+                                                          "are of the medians (default 5)")
+    ap.add_argument("--gemm-set", choices=("train", "sample"), default=None,
+                    help="train: the 160 DeepBench training GEMMs (default on cupy); sample: 10 of them "
+                         "(untransposed, as in earlier runs; default on numpy)")
+    ap.add_argument("--gemm-dtypes", default=None, help="comma list (default float16,float32 on cupy, float32 on numpy)")
+    ap.add_argument("--gemm-reps", type=int, default=None, help="at most this many products per run (400 on cupy, 3 "
+                                                               "on numpy)")
+    ap.add_argument("--gemm-min-reps", type=int, default=3, help="at least this many products per run")
+    ap.add_argument("--gemm-budget-s", type=float, default=None,
+                    help="seconds of local products per run of one GEMM (reps = budget / one product, within "
+                         "--gemm-min-reps..--gemm-reps; default 0.03 on cupy, 1 on numpy)")
     ap.add_argument("--gemm-max-gflop", type=float, default=None,
                     help="skip GEMM shapes above this many GFLOP per product (default: none on cupy, 5 on numpy)")
+    ap.add_argument("--small-n", type=int, default=10_000, help="small ops per run")
     ap.add_argument("--transfer-mib", type=int, default=256)
     ap.add_argument("--quota-gib", type=float, default=None, help="lease quota (default 100 on cupy, 4 on numpy)")
     ap.add_argument("--fractional-reps", type=int, default=None,
@@ -345,6 +376,9 @@ def main() -> None:
     args = ap.parse_args()
     gpu = gpu_uuid_of(args.gpu) if args.executor == "cupy" else None
     reps = args.gemm_reps or (400 if args.executor == "cupy" else 3)
+    runs = max(1, args.runs)
+    gemm_set = args.gemm_set or ("train" if args.executor == "cupy" else "sample")
+    gemm_budget = args.gemm_budget_s if args.gemm_budget_s is not None else (0.03 if args.executor == "cupy" else 1.0)
     max_gflop = args.gemm_max_gflop if args.gemm_max_gflop is not None else (None if args.executor == "cupy" else 5.0)
     quota = int((args.quota_gib or (100 if args.executor == "cupy" else 4)) * (1 << 30))
     skip = set(filter(None, args.skip.split(",")))
@@ -386,7 +420,7 @@ def main() -> None:
             res["errors"][name] = f"{type(e).__name__}: {e}"
         res["section_s"][name] = round(time.perf_counter() - t0, 2)
         print(f"-- {name}: {res['section_s'][name]} s", flush=True)
-        for r in rows[-30:]:
+        for r in rows:
             if r[0] not in printed:
                 print("   " + "  ".join(r), flush=True)
                 printed.add(r[0])
@@ -399,29 +433,38 @@ def main() -> None:
         cp.attach(url)
 
         def rtt_section() -> None:
-            rtt = tcp_rtt_s()
-            scalar = bench_scalar_rtt(cp)
-            rtt2 = tcp_rtt_s()  # again after: the ratio uses the mean of both
-            tcp = (rtt + rtt2) / 2
-            res["rtt"] = {"tcp_rtt_s": tcp, "tcp_rtt_before_after_s": [rtt, rtt2], "scalar_get_s": scalar,
-                          "ratio": scalar / tcp, "target": "<= 3"}
-            rows.append(("scalar .get() round trip", f"{scalar * 1e6:.1f} us", f"TCP RTT {tcp * 1e6:.1f} us",
-                         f"{scalar / tcp:.2f}x", "<= 3x"))
-            loc = bench_scalar_rtt(local.xp)
-            res["rtt"]["local_scalar_s"] = loc
+            tcp_runs, scalar_runs, local_runs = [], [], []
+            for _ in range(runs):
+                tcp_runs.append(tcp_rtt_s())
+                scalar_runs.append(bench_scalar_rtt(cp))
+                local_runs.append(bench_scalar_rtt(local.xp))
+            tcp, scalar, loc = median_of(tcp_runs), median_of(scalar_runs), median_of(local_runs)
+            res["rtt"] = {"tcp_rtt_s": tcp, "scalar_get_s": scalar, "ratio": scalar / tcp, "target": "<= 2",
+                          "tcp_rtt_runs_s": tcp_runs, "scalar_get_runs_s": scalar_runs, "local_scalar_s": loc,
+                          "local_scalar_runs_s": local_runs, "runs": runs}
+            rows.append(("scalar float(x) round trip", f"{scalar * 1e6:.1f} us", f"TCP RTT {tcp * 1e6:.1f} us",
+                         f"{scalar / tcp:.2f}x", "<= 2x"))
             rows.append(("  (local float(x), reference)", f"{loc * 1e6:.1f} us", "", "", ""))
             if args.executor == "cupy":
-                npw = scalar_rtt_numpy_worker()
+                npw = median_of([scalar_rtt_numpy_worker() for _ in range(runs)])
                 res["rtt"]["numpy_worker_scalar_get_s"] = npw
                 rows.append(("  (same, NumPy worker: protocol only)", f"{npw * 1e6:.1f} us",
                              f"TCP RTT {tcp * 1e6:.1f} us", f"{npw / tcp:.2f}x", ""))
 
         def small_section() -> None:
-            loc = bench_small_ops(local.xp, local.sync)
-            rem = bench_small_ops(cp, cp.synchronize)
-            res["small_ops"] = {"local_s_per_op": loc, "remote_s_per_op": rem, "ratio": rem / loc, "target": "<= 1.5"}
-            rows.append(("x += 1 (1024 f32) x10k", f"{rem * 1e6:.2f} us/op", f"local {loc * 1e6:.2f} us/op",
-                         f"{rem / loc:.2f}x", "<= 1.5x"))
+            res["small_ops"] = {"n": args.small_n, "runs": runs}
+            for kind, label, target in (("inplace", "x += 1", 1.2), ("out", "y = x * 2", None)):
+                loc_runs, rem_runs = [], []
+                for _ in range(runs):
+                    loc_runs.append(bench_small_ops(local.xp, local.sync, args.small_n, kind))
+                    rem_runs.append(bench_small_ops(cp, cp.synchronize, args.small_n, kind))
+                loc, rem = median_of(loc_runs), median_of(rem_runs)
+                res["small_ops"][kind] = {"local_s_per_op": loc, "remote_s_per_op": rem, "ratio": rem / loc,
+                                          "target": f"<= {target}" if target else "reported",
+                                          "local_runs_s": loc_runs, "remote_runs_s": rem_runs}
+                rows.append((f"{label} (1024 f32) x{args.small_n}", f"{rem * 1e6:.2f} us/op",
+                             f"local {loc * 1e6:.2f} us/op", f"{rem / loc:.2f}x",
+                             f"<= {target}x" if target else "(reported)"))
 
         def transfer_section() -> None:
             nbytes = args.transfer_mib << 20
@@ -436,20 +479,25 @@ def main() -> None:
                              f"{res['transfer'][f'{k}_ratio']:.2f}", ">= 0.8"))
 
         def gemm_section() -> None:
-            shapes = [s for s in DEEPBENCH_TRAIN if max_gflop is None or 2 * s[0] * s[1] * s[2] / 1e9 <= max_gflop]
-            dtypes = ["float16", "float32"] if args.executor == "cupy" else ["float32"]
-            nreps = gemm_reps(local.xp, local.sync, shapes, dtypes, reps, args.gemm_budget_s)
-            loc = bench_gemm(local.xp, local.sync, shapes, dtypes, nreps)
-            rem = bench_gemm(cp, cp.synchronize, shapes, dtypes, nreps)
-            res["gemm"] = {"reps": reps, "budget_s": args.gemm_budget_s, "shapes": {
-                k: {"local_s": loc[k], "remote_s": rem[k], "ratio_local_over_remote": loc[k] / rem[k],
-                    "target_applies": loc[k] >= 1e-3, "reps": nreps[k],
-                    **({"reps_reason": f"{reps} products would exceed the {args.gemm_budget_s:g} s budget"}
-                       if nreps[k] < reps else {})} for k in loc}}
-            for k in loc:
-                rows.append((f"GEMM {k}" + (f" ({nreps[k]} reps)" if nreps[k] != reps else ""),
-                             f"{rem[k] * 1e3:.3f} ms", f"local {loc[k] * 1e3:.3f} ms",
-                             f"{loc[k] / rem[k]:.3f}", ">= 0.98" if loc[k] >= 1e-3 else "(< 1 ms: reported)"))
+            problems = deepbench.training_set() if gemm_set == "train" else deepbench.SAMPLE
+            problems = [p for p in problems if max_gflop is None or 2 * p[0] * p[1] * p[2] / 1e9 <= max_gflop]
+            dtypes = (args.gemm_dtypes.split(",") if args.gemm_dtypes
+                      else ["float16", "float32"] if args.executor == "cupy" else ["float32"])
+            g = bench_gemm(local, cp, problems, dtypes, runs, gemm_budget, reps, args.gemm_min_reps)
+            met = [k for k, v in g.items() if v["ratio_local_over_remote"] >= v["target"]]
+            res["gemm"] = {"set": gemm_set, "runs": runs, "budget_s": gemm_budget, "max_reps": reps,
+                           "problems": len(problems), "dtypes": dtypes, "shapes": g,
+                           "met": len(met), "total": len(g),
+                           "min_ratio": min((v["ratio_local_over_remote"] for v in g.values()), default=None)}
+            for k, v in g.items():
+                rows.append((f"GEMM {k} ({v['reps']} reps)", f"{v['remote_s'] * 1e3:.3f} ms",
+                             f"local {v['local_s'] * 1e3:.3f} ms", f"{v['ratio_local_over_remote']:.3f}",
+                             f">= {v['target']:.2f}"))
+            small = [v["ratio_local_over_remote"] for v in g.values() if v["target"] < 0.9]
+            big = [v["ratio_local_over_remote"] for v in g.values() if v["target"] >= 0.9]
+            rows.append((f"GEMM summary: {len(met)} of {len(g)} meet their target",
+                         f"< 1 ms: {min(small):.3f}..{max(small):.3f}" if small else "< 1 ms: none",
+                         f">= 1 ms: {min(big):.3f}..{max(big):.3f}" if big else ">= 1 ms: none", "", ""))
 
         section("rtt", rtt_section)
         section("small", small_section)

@@ -234,3 +234,31 @@ class CupyExecutor:
                 kern = cp.RawKernel(code, name, options=options)
                 self._kernels[key] = kern
         kern(dims[0], dims[1], tuple(kargs), shared_mem=shared_mem)
+
+
+def _elementwise_kernel(self: CupyExecutor, in_params: Any, out_params: Any, operation: Any, name: Any,
+                        preamble: Any, arrays: Any) -> None:
+    """Compile (cached with the RawKernels) and run ``cupy.ElementwiseKernel(in_params, out_params,
+    operation, name, preamble=...)`` on device arrays `arrays` (inputs then outputs, written in place)."""
+    cp = self.cupy
+    for v, what in ((in_params, "in_params"), (out_params, "out_params"), (operation, "operation"),
+                    (preamble, "preamble")):
+        if not isinstance(v, str) or len(v) > MAX_KERNEL_SOURCE_BYTES:
+            raise TypeError(f"elementwise_kernel: {what} must be a string of at most {MAX_KERNEL_SOURCE_BYTES} bytes")
+    if not isinstance(name, str) or not name.isidentifier():
+        raise TypeError(f"elementwise_kernel: name must be a C identifier, got {name!r}")
+    if not isinstance(arrays, tuple) or not all(isinstance(a, cp.ndarray) or isinstance(a, (int, float, bool))
+                                                for a in arrays):
+        raise TypeError("elementwise_kernel: arguments must be arrays or scalars")
+    key = ("elementwise", in_params, out_params, operation, name, preamble)
+    with self._kernels_lock:
+        kern = self._kernels.get(key)
+        if kern is None:
+            if len(self._kernels) >= MAX_KERNEL_CACHE:
+                self._kernels.pop(next(iter(self._kernels)))
+            kern = cp.ElementwiseKernel(in_params, out_params, operation, name, preamble=preamble)
+            self._kernels[key] = kern
+    kern(*arrays)
+
+
+CupyExecutor.elementwise_kernel = _elementwise_kernel  # type: ignore[attr-defined]

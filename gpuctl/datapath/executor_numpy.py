@@ -69,6 +69,9 @@ class NumpyExecutor:
     def rawkernel(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError(RAWKERNEL_NEEDS_GPU)
 
+    def elementwise_kernel(self, *args: Any) -> None:
+        raise NotImplementedError("ElementwiseKernel needs a GPU node (this lease runs on the NumPy executor)")
+
     def synchronize(self) -> None:
         """Nothing to wait for on the CPU."""
 

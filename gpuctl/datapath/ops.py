@@ -121,13 +121,13 @@ def has_text(v: Any) -> bool:
 UNARY_UFUNCS = (
     "negative positive absolute abs exp exp2 expm1 log log2 log10 log1p sqrt square cbrt reciprocal "
     "sin cos tan arcsin arccos arctan sinh cosh tanh arcsinh arccosh arctanh sign floor ceil trunc "
-    "rint isnan isinf isfinite logical_not invert signbit"
+    "rint isnan isinf isfinite logical_not invert signbit conj conjugate"
 ).split()
 BINARY_UFUNCS = (
     "add subtract multiply divide true_divide floor_divide remainder mod power float_power "
     "maximum minimum fmax fmin equal not_equal less less_equal greater greater_equal "
     "logical_and logical_or logical_xor bitwise_and bitwise_or bitwise_xor left_shift "
-    "right_shift arctan2 hypot copysign"
+    "right_shift arctan2 hypot copysign logaddexp logaddexp2"
 ).split()
 
 
@@ -526,6 +526,400 @@ OPS.update(
     where=Op(lambda s, c, x, y: s.xp.where(c, x, y), frozenset(), _est_broadcast),
     clip=Op(lambda s, a, lo, hi: s.xp.clip(a, lo, hi), frozenset(), _est_broadcast),
 )
+
+
+# --------------------------------------------------------------------------------------------
+# CuPy's everyday namespace beyond the basics (issue 14): linalg, fft, and the array helpers.
+# Each op whose result can be larger than its inputs has an estimate (refused by the quota before
+# allocating); the rest make results no larger than a small multiple of their inputs.
+
+
+def _ints(v: Any, what: str) -> tuple[int, ...]:
+    """An int or a tuple of ints (nested one level for pad widths flattened by the caller)."""
+    vals = (v,) if isinstance(v, int) else v
+    if not isinstance(vals, tuple) or not all(isinstance(x, int) and not isinstance(x, bool) for x in vals):
+        raise TypeError(f"{what} must be an int or a tuple of ints, got {v!r}")
+    return vals
+
+
+def _bound(n: int, what: str) -> int:
+    if n > DEFAULT_LIMITS.max_elements:
+        raise ValueError(f"{what}: {n} elements (limit {DEFAULT_LIMITS.max_elements})")
+    return n
+
+
+def _pad_widths(a: Any, pad_width: Any) -> list[tuple[int, int]]:
+    """numpy.pad's pad_width normalized to one (before, after) pair per axis of `a`."""
+    pw = pad_width
+    if isinstance(pw, int):
+        pairs = [(pw, pw)] * a.ndim
+    elif isinstance(pw, tuple) and pw and all(isinstance(x, int) for x in pw):
+        if len(pw) == 1:
+            pairs = [(pw[0], pw[0])] * a.ndim
+        elif len(pw) == 2:
+            pairs = [(pw[0], pw[1])] * a.ndim
+        else:
+            raise ValueError(f"pad: pad_width {pw!r} does not match {a.ndim} axes")
+    elif isinstance(pw, tuple) and all(isinstance(x, tuple) for x in pw):
+        if len(pw) == 1:
+            pw = pw * a.ndim
+        if len(pw) != a.ndim or not all(len(x) in (1, 2) and all(isinstance(i, int) for i in x) for x in pw):
+            raise ValueError(f"pad: pad_width {pad_width!r} does not match {a.ndim} axes")
+        pairs = [(x[0], x[-1]) for x in pw]
+    else:
+        raise TypeError(f"pad: pad_width must be ints, got {pad_width!r}")
+    if any(b < 0 or e < 0 for b, e in pairs):
+        raise ValueError("pad: index can't contain negative values")
+    return pairs
+
+
+def _pad(s, a, pad_width, mode="constant", constant_values=0):
+    if mode not in ("constant", "edge", "reflect", "symmetric", "wrap"):
+        raise ValueError(f"pad: mode {mode!r} is not supported (constant, edge, reflect, symmetric, wrap)")
+    pairs = _pad_widths(a, pad_width)
+    _bound(math.prod(d + b + e for d, (b, e) in zip(a.shape, pairs)), "pad")
+    if mode == "constant":
+        return s.xp.pad(a, pairs, mode=mode, constant_values=constant_values)
+    return s.xp.pad(a, pairs, mode=mode)
+
+
+def _est_pad(args, kwargs):
+    a = args[0]
+    pairs = _pad_widths(a, args[1])
+    return math.prod(d + b + e for d, (b, e) in zip(a.shape, pairs)) * a.dtype.itemsize
+
+
+def _tile_shape(a: Any, reps: Any) -> tuple[int, ...]:
+    reps = _ints(reps, "tile: reps")
+    if any(r < 0 for r in reps):
+        raise ValueError("tile: negative reps")
+    n = max(a.ndim, len(reps))
+    shape = (1,) * (n - a.ndim) + tuple(a.shape)
+    reps = (1,) * (n - len(reps)) + reps
+    return tuple(d * r for d, r in zip(shape, reps))
+
+
+def _tile(s, a, reps):
+    _bound(math.prod(_tile_shape(a, reps)), "tile")
+    return s.xp.tile(a, reps)
+
+
+def _repeat_len(a: Any, repeats: Any, axis: Any) -> int:
+    if isinstance(repeats, int) and not isinstance(repeats, bool):
+        if repeats < 0:
+            raise ValueError("repeat: negative repeats")
+        return a.size * repeats
+    if hasattr(repeats, "shape"):
+        return a.size * max(1, repeats.size)  # an upper bound needs the values: checked by the result
+    raise TypeError(f"repeat: repeats must be an int or an integer array, got {repeats!r}")
+
+
+def _repeat(s, a, repeats, axis=None):
+    """numpy.repeat with the result's element count bounded before it is made (an array of
+    repeats is summed on the device first: one sync on GPU nodes)."""
+    if axis is not None and (type(axis) is not int or not -max(a.ndim, 1) <= axis < max(a.ndim, 1)):
+        raise ValueError(f"repeat: axis {axis!r} is out of bounds for an array of dimension {a.ndim}")
+    if isinstance(repeats, int) and not isinstance(repeats, bool):
+        _bound(_repeat_len(a, repeats, axis), "repeat")
+    elif hasattr(repeats, "shape"):
+        if repeats.dtype.kind not in "iu":
+            raise TypeError("repeat: repeats must be integers")
+        if repeats.size == 1:
+            n = a.size * int(repeats.reshape(-1)[0])
+        else:
+            rest = 1 if axis is None else a.size // max(1, a.shape[axis])
+            n = int(repeats.sum()) * rest
+        _bound(n, "repeat")
+    else:
+        raise TypeError(f"repeat: repeats must be an int or an integer array, got {repeats!r}")
+    return s.xp.repeat(a, repeats, axis=axis)
+
+
+def _nonzero(s, a):
+    if a.ndim > 8:
+        raise ValueError("nonzero: arrays of more than 8 dimensions are not supported by gpuctl.remote")
+    return tuple(s.xp.nonzero(a))
+
+
+def _unique(s, a, return_index=False, return_inverse=False, return_counts=False, axis=None):
+    if axis is not None:
+        raise NotImplementedError("unique: axis= is not supported by gpuctl.remote (nor by CuPy before 14)")
+    return s.xp.unique(a, return_index=bool(return_index), return_inverse=bool(return_inverse),
+                       return_counts=bool(return_counts))
+
+
+def _searchsorted(s, a, v, side="left"):
+    if side not in ("left", "right"):
+        raise ValueError(f"searchsorted: side must be 'left' or 'right', got {side!r}")
+    return s.xp.searchsorted(a, v, side=side)
+
+
+def _diag(s, v, k=0):
+    if v.ndim == 1:
+        _bound((v.shape[0] + abs(k)) ** 2, "diag")
+    return s.xp.diag(v, k)
+
+
+def _meshgrid(s, *xi, indexing="xy"):
+    if indexing not in ("xy", "ij"):
+        raise ValueError(f"meshgrid: indexing must be 'xy' or 'ij', got {indexing!r}")
+    if not 1 <= len(xi) <= 8:
+        raise ValueError("meshgrid: 1 to 8 arrays")
+    _bound(math.prod(x.size for x in xi), "meshgrid")
+    return tuple(s.xp.meshgrid(*xi, indexing=indexing))
+
+
+def _est_meshgrid(args, kwargs):
+    if not all(hasattr(x, "size") for x in args):
+        return None
+    return len(args) * math.prod(x.size for x in args) * _item(*args)
+
+
+def _percentile(s, a, q, axis=None, keepdims=False, method="linear"):
+    if method not in ("linear", "lower", "higher", "midpoint", "nearest"):
+        raise ValueError(f"percentile: method {method!r} is not supported")
+    return s.xp.percentile(a, q, axis=axis, keepdims=keepdims, method=method)
+
+
+def _histogram(s, a, bins=10, range=None):
+    if isinstance(bins, int):
+        if not 1 <= bins <= DEFAULT_LIMITS.max_seq * 256:
+            raise ValueError(f"histogram: bins must be 1..{DEFAULT_LIMITS.max_seq * 256}, got {bins}")
+    elif not hasattr(bins, "shape"):
+        raise TypeError("histogram: bins must be an int or an array of bin edges")
+    return tuple(s.xp.histogram(a, bins=bins, range=range))
+
+
+def _bincount(s, x, weights=None, minlength=0):
+    if x.dtype.kind not in "iub":
+        raise TypeError(f"bincount: x must hold integers, got {x.dtype}")
+    top = int(x.max()) + 1 if x.size else 0  # needs the values: one device sync on GPU nodes
+    _bound(max(top, int(minlength)), "bincount")
+    return s.xp.bincount(x, weights=weights, minlength=minlength)
+
+
+def _allclose(s, a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
+    return s.xp.asarray(s.xp.allclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan))
+
+
+def _array_equal(s, a1, a2, equal_nan=False):
+    return s.xp.asarray(s.xp.array_equal(a1, a2, equal_nan=equal_nan))
+
+
+def _nan_to_num(s, x, copy=True, nan=0.0, posinf=None, neginf=None):
+    return s.xp.nan_to_num(x, copy=True, nan=nan, posinf=posinf, neginf=neginf)
+
+
+def _est_same(args, kwargs):
+    a = args[0]
+    return a.nbytes if hasattr(a, "nbytes") else None
+
+
+def _est_fft(real_out: bool = False, inverse_real: bool = False):
+    """Bytes of an fft result: the input's size with the transformed axis' length replaced by n
+    (or s), as complex128 (an upper bound for every dtype)."""
+
+    def est(args, kwargs):
+        a = args[0]
+        n = args[1] if len(args) > 1 else kwargs.get("n", kwargs.get("s"))
+        size = a.size
+        if isinstance(n, int) and not isinstance(n, bool):
+            last = a.shape[-1] if a.ndim else 1
+            size = (size // max(last, 1)) * n if last else n
+        elif isinstance(n, tuple) and all(isinstance(x, int) for x in n):
+            size = math.prod(n) * max(1, a.size // max(1, math.prod(a.shape[-len(n):]) if n else 1))
+        return _bound(size + 1, "fft") * 16
+
+    return est
+
+
+def _check_fft_norm(norm: Any) -> None:
+    if norm not in (None, "backward", "ortho", "forward"):
+        raise ValueError(f"fft: norm must be None, 'backward', 'ortho' or 'forward', got {norm!r}")
+
+
+def _fft(name: str, axes_kw: str):
+    if axes_kw == "axis":
+        def fn(session, a, n=None, axis=-1, norm=None):
+            _check_fft_norm(norm)
+            return getattr(session.xp.fft, name)(a, n=n, axis=axis, norm=norm)
+    else:
+        def fn(session, a, s=None, axes=None, norm=None):
+            _check_fft_norm(norm)
+            if s is not None:
+                _bound(math.prod(_ints(s, "fft: s")), "fft")
+            return getattr(session.xp.fft, name)(a, s=s, axes=axes, norm=norm)
+    return fn
+
+
+def _fftfreq(name: str):
+    def fn(s, n, d=1.0):
+        if not isinstance(n, int) or not 0 < n <= DEFAULT_LIMITS.max_elements:
+            raise ValueError(f"{name}: n must be a positive int, got {n!r}")
+        return getattr(s.xp.fft, name)(n, d)
+
+    return fn
+
+
+def _linalg(name: str, argnames: tuple[str, ...] = ()):
+    def fn(s, a, *rest, **kwargs):
+        return getattr(s.xp.linalg, name)(a, *rest, **kwargs)
+
+    return fn
+
+
+def _norm(s, x, ord=None, axis=None, keepdims=False):
+    return s.xp.asarray(s.xp.linalg.norm(x, ord=ord, axis=axis, keepdims=keepdims))
+
+
+def _svd(s, a, full_matrices=True, compute_uv=True):
+    r = s.xp.linalg.svd(a, full_matrices=bool(full_matrices), compute_uv=bool(compute_uv))
+    return tuple(r) if compute_uv else r
+
+
+def _est_svd(args, kwargs):
+    a = args[0]
+    full = args[1] if len(args) > 1 else kwargs.get("full_matrices", True)
+    if a.ndim < 2:
+        return None
+    m, n = a.shape[-2], a.shape[-1]
+    batch = math.prod(a.shape[:-2])
+    k = min(m, n)
+    per = (m * m + n * n + k) if full else (m * k + k * n + k)
+    return batch * per * max(a.dtype.itemsize, 8)
+
+
+def _qr(s, a, mode="reduced"):
+    if mode not in ("reduced", "complete", "r", "raw"):
+        raise ValueError(f"qr: mode {mode!r} is not supported")
+    r = s.xp.linalg.qr(a, mode=mode)
+    return tuple(r) if isinstance(r, tuple) or mode != "r" else r
+
+
+def _eigh(s, a, UPLO="L"):
+    if UPLO not in ("L", "U"):
+        raise ValueError(f"eigh: UPLO must be 'L' or 'U', got {UPLO!r}")
+    return tuple(s.xp.linalg.eigh(a, UPLO=UPLO))
+
+
+def _slogdet(s, a):
+    return tuple(s.xp.linalg.slogdet(a))
+
+
+def _generator(s, gid):
+    gens = s.__dict__.setdefault("_generators", {})
+    g = gens.get(gid) if type(gid) is int else None
+    if g is None:
+        raise ValueError(f"random generator g{gid!r} does not exist on this connection")
+    return g
+
+
+def _gen_new(s, gid, seed=None):
+    if type(gid) is not int or gid < 0:
+        raise TypeError("generator id must be a non-negative int")
+    if seed is not None and (type(seed) is not int or not 0 <= seed < 2**64):
+        raise ValueError(f"random seed must be an integer in [0, 2**64), got {seed!r}")
+    gens = s.__dict__.setdefault("_generators", {})
+    if gid not in gens and len(gens) >= 256:
+        raise ValueError("too many random generators on this connection (limit 256)")
+    gens[gid] = s.xp.random.default_rng(seed)
+
+
+def _gen_float_dtype(dtype):
+    d = _dt(dtype) or "float64"
+    if d not in ("float32", "float64"):
+        raise TypeError(f"Generator: dtype must be float32 or float64, got {d}")
+    return d
+
+
+OPS.update(
+    # linear algebra (numpy.linalg on simulated nodes, cupy.linalg on GPU nodes)
+    linalg_norm=Op(_norm, frozenset({"ord", "axis", "keepdims"}), None, frozenset({1, "ord"})),
+    linalg_solve=Op(lambda s, a, b: s.xp.linalg.solve(a, b), frozenset(), lambda a, k: a[1].nbytes * 2),
+    linalg_inv=Op(lambda s, a: s.xp.linalg.inv(a), frozenset(), lambda a, k: a[0].nbytes * 2),
+    linalg_pinv=Op(lambda s, a: s.xp.linalg.pinv(a), frozenset(), lambda a, k: a[0].nbytes * 2),
+    linalg_det=Op(lambda s, a: s.xp.asarray(s.xp.linalg.det(a))),
+    linalg_slogdet=Op(_slogdet),
+    linalg_cholesky=Op(lambda s, a: s.xp.linalg.cholesky(a), frozenset(), lambda a, k: a[0].nbytes * 2),
+    linalg_qr=Op(_qr, frozenset({"mode"}), lambda a, k: a[0].nbytes * 3, frozenset({1, "mode"})),
+    linalg_svd=Op(_svd, frozenset({"full_matrices", "compute_uv"}), _est_svd),
+    linalg_eigh=Op(_eigh, frozenset({"UPLO"}), lambda a, k: a[0].nbytes * 2, frozenset({1, "UPLO"})),
+    linalg_eigvalsh=Op(lambda s, a, UPLO="L": s.xp.linalg.eigvalsh(a, UPLO=UPLO), frozenset({"UPLO"}), None,
+                       frozenset({1, "UPLO"})),
+    linalg_matrix_rank=Op(lambda s, a: s.xp.asarray(s.xp.linalg.matrix_rank(a))),
+    # FFT
+    **{f"fft_{n}": Op(_fft(n, "axis"), frozenset({"n", "axis", "norm"}), _est_fft(), frozenset({3, "norm"}))
+       for n in ("fft", "ifft", "rfft", "irfft")},
+    **{f"fft_{n}": Op(_fft(n, "axes"), frozenset({"s", "axes", "norm"}), _est_fft(), frozenset({3, "norm"}))
+       for n in ("fft2", "ifft2", "fftn", "ifftn", "rfftn", "irfftn")},
+    fft_fftfreq=Op(_fftfreq("fftfreq"), frozenset({"d"}), lambda a, k: 8 * a[0] if isinstance(a[0], int) else None),
+    fft_rfftfreq=Op(_fftfreq("rfftfreq"), frozenset({"d"}), lambda a, k: 8 * a[0] if isinstance(a[0], int) else None),
+    fft_fftshift=Op(lambda s, x, axes=None: s.xp.fft.fftshift(x, axes=axes), frozenset({"axes"}), _est_same),
+    fft_ifftshift=Op(lambda s, x, axes=None: s.xp.fft.ifftshift(x, axes=axes), frozenset({"axes"}), _est_same),
+    # shape and order
+    pad=Op(_pad, frozenset({"mode", "constant_values"}), _est_pad, frozenset({2, "mode"})),
+    tile=Op(_tile, frozenset(), lambda a, k: math.prod(_tile_shape(a[0], a[1])) * a[0].dtype.itemsize),
+    repeat=Op(_repeat, frozenset({"axis"}),
+              lambda a, k: _repeat_len(a[0], a[1], None) * a[0].dtype.itemsize if isinstance(a[1], int) else None),
+    roll=Op(lambda s, a, shift, axis=None: s.xp.roll(a, shift, axis=axis), frozenset({"axis"}), _est_same),
+    rot90=Op(lambda s, a, k=1, axes=(0, 1): s.xp.rot90(a, k, axes), frozenset(), None),
+    take=Op(lambda s, a, indices, axis=None: s.xp.take(a, indices, axis=axis), frozenset({"axis"}),
+            lambda a, k: (a[1].size if hasattr(a[1], "size") else 1) * a[0].size // max(1, (a[0].shape[k["axis"]] if k.get("axis") is not None else a[0].size)) * a[0].dtype.itemsize),
+    take_along_axis=Op(lambda s, a, indices, axis: s.xp.take_along_axis(a, indices, axis), frozenset(),
+                       lambda a, k: a[1].size * a[0].dtype.itemsize if hasattr(a[1], "size") else None),
+    nonzero=Op(_nonzero, frozenset(), lambda a, k: a[0].size * max(1, a[0].ndim) * 8),
+    argwhere=Op(lambda s, a: s.xp.argwhere(a), frozenset(), lambda a, k: a[0].size * max(1, a[0].ndim) * 8),
+    flatnonzero=Op(lambda s, a: s.xp.flatnonzero(a), frozenset(), lambda a, k: a[0].size * 8),
+    unique=Op(_unique, frozenset({"return_index", "return_inverse", "return_counts", "axis"}),
+              lambda a, k: a[0].size * 8 * 4),
+    searchsorted=Op(_searchsorted, frozenset({"side"}),
+                    lambda a, k: (a[1].size if hasattr(a[1], "size") else 1) * 8, frozenset({2, "side"})),
+    diag=Op(_diag, frozenset({"k"}),
+            lambda a, k: ((a[0].shape[0] + abs(a[1] if len(a) > 1 else k.get("k", 0))) ** 2 * a[0].dtype.itemsize
+                          if a[0].ndim == 1 else None)),
+    diagonal=Op(lambda s, a, offset=0, axis1=0, axis2=1: s.xp.diagonal(a, offset, axis1, axis2)),
+    trace=Op(lambda s, a, offset=0, axis1=0, axis2=1, dtype=None: s.xp.trace(a, offset, axis1, axis2, dtype=_dt(dtype)),
+             frozenset({"dtype"}), None, frozenset({"dtype"})),
+    tril=Op(lambda s, m, k=0: s.xp.tril(m, k), frozenset(), _est_same),
+    triu=Op(lambda s, m, k=0: s.xp.triu(m, k), frozenset(), _est_same),
+    meshgrid=Op(_meshgrid, frozenset({"indexing"}), _est_meshgrid, frozenset({"indexing"})),
+    diff=Op(lambda s, a, n=1, axis=-1: s.xp.diff(a, n=n, axis=axis), frozenset(), lambda a, k: a[0].size * 8),
+    percentile=Op(_percentile, frozenset({"axis", "keepdims", "method"}),
+                  lambda a, k: a[0].size * 8 * max(1, a[1].size if hasattr(a[1], "size") else
+                                                   (len(a[1]) if isinstance(a[1], tuple) else 1)),
+                  frozenset({"method"})),
+    histogram=Op(_histogram, frozenset({"bins", "range"}), None),
+    bincount=Op(_bincount, frozenset({"weights", "minlength"}), None),
+    allclose=Op(_allclose, frozenset({"rtol", "atol", "equal_nan"})),
+    array_equal=Op(_array_equal, frozenset({"equal_nan"})),
+    real=Op(lambda s, a: s.xp.real(a)),
+    imag=Op(lambda s, a: s.xp.imag(a), frozenset(), _est_same),
+    around=Op(lambda s, a, decimals=0: s.xp.around(a, decimals), frozenset(), _est_same),
+    nan_to_num=Op(_nan_to_num, frozenset({"copy", "nan", "posinf", "neginf"}), _est_same),
+    # numpy.random.Generator / cupy.random.Generator (one per id per connection)
+    gen_new=Op(_gen_new),
+    gen_random=Op(lambda s, g, size=None, dtype="float64": _generator(s, g).random(_size(size), dtype=_gen_float_dtype(dtype)),
+                  frozenset({"dtype"}), _est_size(1), frozenset({2, "dtype"})),
+    gen_standard_normal=Op(lambda s, g, size=None, dtype="float64":
+                           _generator(s, g).standard_normal(_size(size), dtype=_gen_float_dtype(dtype)),
+                           frozenset({"dtype"}), _est_size(1), frozenset({2, "dtype"})),
+    gen_normal=Op(lambda s, g, loc=0.0, scale=1.0, size=None: _generator(s, g).normal(loc, scale, _size(size)),
+                  frozenset(), _est_size(3)),
+    gen_uniform=Op(lambda s, g, low=0.0, high=1.0, size=None: _generator(s, g).uniform(low, high, _size(size)),
+                   frozenset(), _est_size(3)),
+    gen_integers=Op(lambda s, g, low, high=None, size=None, dtype="int64":
+                    _generator(s, g).integers(low, high, _size(size), dtype=_dt(dtype)),
+                    frozenset(), _est_size(3), frozenset({4})),
+)
+OPS["isclose"] = Op(lambda s, a, b, rtol=1e-05, atol=1e-08, equal_nan=False:
+                   s.xp.isclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan),
+                   frozenset({"rtol", "atol", "equal_nan"}), lambda a, k: _est_broadcast(a[:2], k))
+OPS["elementwise_kernel"] = Op(
+    lambda s, in_params, out_params, operation, name, preamble, arrays:
+    s.executor.elementwise_kernel(in_params, out_params, operation, name, preamble, arrays),
+    frozenset(), None, frozenset({0, 1, 2, 3, 4}))
+OPS["argmax"] = Op(_reduction("argmax"), frozenset({"keepdims"}), None, frozenset({"dtype"}))
+OPS["argmin"] = Op(_reduction("argmin"), frozenset({"keepdims"}), None, frozenset({"dtype"}))
 
 
 def lookup(name: Any) -> Op:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuctl.datapath import fastpath
 from gpuctl.datapath import ops as ops_mod
 from gpuctl.datapath.accounting import LeaseAccounting, QuotaExceeded
 from gpuctl.datapath.protocol import (
@@ -62,7 +63,7 @@ QUERIES = frozenset({"get", "meta", "mem", "stats", "sync"})
 
 #: Exception classes whose names travel to the client as they are; others become "RemoteError".
 _PLAIN_ERRORS = ("ValueError", "TypeError", "IndexError", "ZeroDivisionError", "NotImplementedError",
-                 "FloatingPointError", "OverflowError", "AxisError")
+                 "FloatingPointError", "OverflowError", "AxisError", "LinAlgError")
 
 
 class Poisoned:
@@ -339,6 +340,8 @@ class Session:
                 raise TypeError("args must be a list and kwargs an object")
             if len(raw_args) > self.limits.max_seq:
                 raise ValueError(f"{len(raw_args)} arguments (limit {self.limits.max_seq})")
+            if type(name) is str and name in fastpath.FAST_OPS and fastpath.run(self, name, outs, raw_args, raw_kwargs, seq):
+                return
             spec = ops_mod.OPS.get(name) if type(name) is str else None
             if spec is not None:
                 arg = self._arg
@@ -368,6 +371,8 @@ class Session:
                     if est:
                         self.acct.check(int(est), what)
                 self._store(outs, spec.fn(self, *rargs, **rkwargs), what)
+                return
+            if name == "free" and fastpath.free(self, raw_args):
                 return
             what = f"op #{seq} {name}"
             args = decode_value(raw_args, self.limits)

@@ -12,24 +12,107 @@ functions, where, clip, concatenate/stack, ``.get()``, ``asnumpy``, ``cuda.Devic
 ``cuda.runtime.memGetInfo()`` (for the slice), ``RawKernel`` (GPU nodes), and
 ``cuda.memory.OutOfMemoryError`` past the slice's memory quota. dtypes follow NumPy 2 promotion.
 
-What does not: errors of queued ops surface at the next synchronization point (``.get()``, scalar
-conversion, data-dependent ``.shape``, ``synchronize()``), naming the op, where CuPy raises shape
-errors at once; no streams, events, ``out=`` on reductions, ``strides``/``data`` pointers,
-ElementwiseKernel/ReductionKernel, FFT, linalg or sparse; NumPy arrays and lists are accepted as
-operands (uploaded) where CuPy raises TypeError. See docs/DATAPATH.md.
+Also (gpuctl.remote._api, linalg, fft): pad, tile, repeat, split, flip, roll, moveaxis, take,
+take_along_axis, nonzero, where(cond), unique*, searchsorted, diag, trace, tril, triu, meshgrid,
+diff, cumprod, percentile, histogram, bincount, allclose, array_equal, broadcast_to/arrays, real,
+imag, conj, round, nan_to_num, finfo/iinfo, astype, save/load, random.default_rng, linalg (norm,
+solve, inv, det, svd, qr, cholesky, eigh, ...), fft, ElementwiseKernel (GPU nodes),
+get_default_memory_pool, cuda.Stream. docs/CUPY-CONFORMANCE.md lists what exists, partly or not.
+
+Errors raise where CuPy raises them: shape, axis, dtype and broadcasting errors at the call (from
+the client's inference), OutOfMemoryError at the allocating call when the client's count of the
+lease's live bytes says it cannot fit (the worker stays the authority). Errors only the worker can
+see (an index array's values out of bounds, a singular matrix) surface at the next
+synchronization point, naming the op. What does not hold: no streams (ops run in order), events,
+``out=`` on reductions, ``strides``/``data`` pointers, ReductionKernel or sparse; NumPy arrays and
+lists are accepted as operands (uploaded) where CuPy raises TypeError. See docs/DATAPATH.md.
 """
 
 from __future__ import annotations
 
 import builtins
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from gpuctl.datapath.ops import BINARY_UFUNCS, UNARY_UFUNCS
-from gpuctl.remote import cuda, random  # noqa: F401 - cp.cuda, cp.random
-from gpuctl.remote import _infer
+from gpuctl.remote import _infer, cuda, fft, linalg, random  # noqa: F401 - cp.cuda, cp.random  # noqa: F401 - cp.fft, cp.linalg
+from gpuctl.remote._api import (  # noqa: F401 - public names, as cupy exports them
+    allclose,
+    append,
+    argwhere,
+    around,
+    array_equal,
+    array_split,
+    astype,
+    atleast_1d,
+    atleast_2d,
+    atleast_3d,
+    bincount,
+    broadcast_arrays,
+    broadcast_to,
+    can_cast,
+    column_stack,
+    conj,
+    conjugate,
+    count_nonzero,
+    cumprod,
+    diag,
+    diagflat,
+    diagonal,
+    diff,
+    dstack,
+    finfo,
+    flatnonzero,
+    flip,
+    fliplr,
+    flipud,
+    histogram,
+    hstack,
+    iinfo,
+    imag,
+    isclose,
+    isscalar,
+    issubdtype,
+    load,
+    logspace,
+    meshgrid,
+    min_scalar_type,
+    moveaxis,
+    nan_to_num,
+    ndim,
+    nonzero,
+    pad,
+    percentile,
+    promote_types,
+    ravel,
+    real,
+    repeat,
+    result_type,
+    roll,
+    rot90,
+    save,
+    searchsorted,
+    size,
+    split,
+    swapaxes,
+    take,
+    take_along_axis,
+    tile,
+    trace,
+    tri,
+    tril,
+    triu,
+    unique,
+    unique_all,
+    unique_counts,
+    unique_inverse,
+    unique_values,
+    vdot,
+    vstack,
+)
 from gpuctl.remote._connection import (  # noqa: F401 - public names
     AttachError,
     Connection,
@@ -41,8 +124,23 @@ from gpuctl.remote._connection import (  # noqa: F401 - public names
     get_connection,
     parse_attach,
 )
-from gpuctl.remote._ndarray import _Temps, conn_of, dtype_name, enc, ndarray, new_op, operand, ufunc
-from gpuctl.remote.cuda import OutOfMemoryError, RawKernel  # noqa: F401
+from gpuctl.remote._ndarray import (
+    _Temps,
+    conn_of,
+    dtype_name,
+    enc,
+    ndarray,
+    new_op,
+    operand,
+    ufunc,
+)
+from gpuctl.remote.cuda import (  # noqa: F401  # noqa: F401
+    ElementwiseKernel,
+    OutOfMemoryError,
+    RawKernel,
+    get_default_memory_pool,
+    get_default_pinned_memory_pool,
+)
 
 # dtypes and constants, as cupy exports them
 bool_ = np.bool_
@@ -51,6 +149,15 @@ uint8, uint16, uint32, uint64 = np.uint8, np.uint16, np.uint32, np.uint64
 float16, float32, float64 = np.float16, np.float32, np.float64
 complex64, complex128 = np.complex64, np.complex128
 dtype = np.dtype
+bool = np.bool_
+int_, intp, uintp = np.int_, np.intp, np.uintp
+half, single, double = np.float16, np.float32, np.float64
+csingle, cdouble = np.complex64, np.complex128
+byte, short, intc, longlong = np.byte, np.short, np.intc, np.longlong
+ubyte, ushort, uintc, ulonglong = np.ubyte, np.ushort, np.uintc, np.ulonglong
+generic, number, integer, signedinteger, unsignedinteger = np.generic, np.number, np.integer, np.signedinteger, np.unsignedinteger
+inexact, floating, complexfloating = np.inexact, np.floating, np.complexfloating
+euler_gamma = np.euler_gamma
 newaxis = None
 pi, e, inf, nan = np.pi, np.e, np.inf, np.nan
 
@@ -73,10 +180,19 @@ def array(obj: Any, dtype: Any = None, copy: bool = True, order: str = "C", ndmi
     return ndarray._wrap(conn, conn.upload(host), host.shape, host.dtype)
 
 
-def asarray(obj: Any, dtype: Any = None, order: str | None = None) -> ndarray:
-    """`obj` as a remote array; a remote array of the same dtype is returned as it is."""
+def asarray(obj: Any, dtype: Any = None, order: str | None = None, *, copy: bool | None = None) -> ndarray:
+    """`obj` as a remote array; a remote array of the same dtype is returned as it is.
+    copy=True always copies; copy=False raises ValueError when a copy is needed (always for host
+    data, which must be uploaded; CuPy raises the same for NumPy input)."""
     if isinstance(obj, ndarray):
-        return obj if dtype is None or np.dtype(dtype) == obj.dtype else obj.astype(dtype)
+        same = dtype is None or np.dtype(dtype) == obj.dtype
+        if copy is False and not same:
+            raise ValueError("Unable to avoid copy while creating an array as requested.")
+        if copy:
+            return obj.astype(dtype) if not same else obj.copy()
+        return obj if same else obj.astype(dtype)
+    if copy is False:
+        raise ValueError("Unable to avoid copy while creating an array as requested (host data is uploaded).")
     return array(obj, dtype=dtype)
 
 
@@ -146,7 +262,8 @@ def arange(start: Any, stop: Any = None, step: Any = None, dtype: Any = None) ->
     if st == 0:
         raise ValueError("arange: step must not be 0")
     n = builtins.max(0, math.ceil((hi - lo) / st))
-    d = np.dtype(dtype) if dtype is not None else np.arange(lo, lo + st, st).dtype
+    # NumPy's dtype: every one of start, stop and step counts (arange(2.5) and arange(1, 2.5) are float64)
+    d = np.dtype(dtype) if dtype is not None else np.result_type(*[np.asarray(v) for v in (lo, hi, st)])
     conn = get_connection()
     return new_op(conn, "arange", [start, stop, step, {"d": dtype_name(d)}], None, ((n,), d))
 
@@ -154,7 +271,7 @@ def arange(start: Any, stop: Any = None, step: Any = None, dtype: Any = None) ->
 def linspace(start: float, stop: float, num: int = 50, endpoint: bool = True, dtype: Any = None) -> ndarray:
     d = np.dtype(dtype) if dtype is not None else np.dtype(np.float64)
     conn = get_connection()
-    return new_op(conn, "linspace", [start, stop, int(num), bool(endpoint), {"d": dtype_name(d)}], None,
+    return new_op(conn, "linspace", [start, stop, int(num), builtins.bool(endpoint), {"d": dtype_name(d)}], None,
                   ((int(num),), d))
 
 
@@ -196,13 +313,19 @@ def _make_ufunc(name: str):
 
 
 for _name in (*UNARY_UFUNCS, *BINARY_UFUNCS):
-    globals()[_name] = _make_ufunc(_name)
+    if _name not in ("conj", "conjugate"):
+        globals()[_name] = _make_ufunc(_name)
+
+round = around
+round_ = around
 
 
-def where(condition: Any, x: Any = None, y: Any = None) -> ndarray:
-    """Elements of `x` where `condition`, else of `y` (the one-argument form is not supported)."""
+def where(condition: Any, x: Any = None, y: Any = None) -> Any:
+    """Elements of `x` where `condition`, else of `y`; ``where(condition)`` is ``nonzero(condition)``."""
+    if x is None and y is None:
+        return nonzero(condition)
     if x is None or y is None:
-        raise NotImplementedError("where(condition) without x and y is not supported by gpuctl.remote")
+        raise ValueError("either both or neither of x and y should be given")
     conn = conn_of(condition, x, y)
     temps = _Temps()
     args = [operand(conn, v, temps) for v in (condition, x, y)]
@@ -285,9 +408,9 @@ def expand_dims(a: ndarray, axis: int) -> ndarray:
     if a._shape is not None:
         s = list(a._shape)
         n = len(s) + 1
-        if -n <= axis < n:
-            s.insert(axis % n, 1)
-            inferred = (tuple(s), a._dtype)
+        _infer.check_axes(axis, n)  # numpy's AxisError at the call, as CuPy raises it
+        s.insert(axis % n, 1)
+        inferred = (tuple(s), a._dtype)
     return new_op(a._conn, "expand_dims", [a._ref, int(axis)], None, inferred)
 
 
@@ -296,7 +419,7 @@ def squeeze(a: ndarray, axis: Any = None) -> ndarray:
 
 
 # -- reductions -------------------------------------------------------------------------------
-def sum(a, axis=None, dtype=None, out=None, keepdims=False):  # noqa: A001 - cupy's name
+def sum(a, axis=None, dtype=None, out=None, keepdims=False):
     return asarray(a).sum(axis, dtype, out, keepdims)
 
 
@@ -316,30 +439,30 @@ def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
     return asarray(a).std(axis, dtype, out, ddof, keepdims)
 
 
-def max(a, axis=None, out=None, keepdims=False):  # noqa: A001
+def max(a, axis=None, out=None, keepdims=False):
     return asarray(a).max(axis, out, keepdims)
 
 
-def min(a, axis=None, out=None, keepdims=False):  # noqa: A001
+def min(a, axis=None, out=None, keepdims=False):
     return asarray(a).min(axis, out, keepdims)
 
 
 amax, amin = max, min
 
 
-def argmax(a, axis=None, out=None):
-    return asarray(a).argmax(axis, out)
+def argmax(a, axis=None, out=None, *, keepdims=False):
+    return asarray(a).argmax(axis, out, keepdims=keepdims)
 
 
-def argmin(a, axis=None, out=None):
-    return asarray(a).argmin(axis, out)
+def argmin(a, axis=None, out=None, *, keepdims=False):
+    return asarray(a).argmin(axis, out, keepdims=keepdims)
 
 
-def any(a, axis=None, out=None, keepdims=False):  # noqa: A001
+def any(a, axis=None, out=None, keepdims=False):
     return asarray(a).any(axis, out, keepdims)
 
 
-def all(a, axis=None, out=None, keepdims=False):  # noqa: A001
+def all(a, axis=None, out=None, keepdims=False):
     return asarray(a).all(axis, out, keepdims)
 
 
@@ -366,3 +489,10 @@ def stats() -> dict[str, Any]:
     """The lease worker's accounting (memory_in_use_bytes, quota_bytes, bytes_in, bytes_out,
     ops_total, ops_per_s, ...). Not in CuPy."""
     return get_connection().sync("stats")
+
+
+# Names that are also parameter names above (cupy.empty(shape), cupy.array(copy=)): bound last.
+from gpuctl.remote import _api
+
+copy = _api.copy
+shape = _api.shape

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuctl.remote._errors import OutOfMemoryError
 from gpuctl.datapath.protocol import (
     FLAG_SYNC,
     GET_FRAME,
@@ -157,6 +158,10 @@ class Connection:
         self._payload: list[memoryview] = []
         self._payload_bytes = 0
         self._pending_free: list[int] = []
+        #: Bytes of arrays this connection made (not views) that are still alive, by handle: the
+        #: client's own count for OutOfMemoryError at the allocating call (see :meth:`account`).
+        self._owned: dict[int, int] = {}
+        self.live_bytes = 0
         self._next_handle = 1
         self.ops_sent = 0
         self.syncs = 0
@@ -234,6 +239,7 @@ class Connection:
             if self._pending_free:
                 self._take_frees()
             h = self.mint()
+            self.account(h, arr.nbytes, f"upload of {arr.dtype} {arr.shape}")
             k = len(self._bufs)
             self._bufs.append([str(arr.dtype), list(arr.shape)])
             if arr.nbytes:
@@ -250,8 +256,38 @@ class Connection:
 
     def _take_frees(self) -> None:
         frees, self._pending_free[:] = list(self._pending_free), []
+        owned = self._owned
+        for h in frees:
+            self.live_bytes -= owned.pop(h, 0)
         for i in range(0, len(frees), FREES_PER_OP):  # an op's arguments are bounded (Limits.max_seq)
             self._ops.append(["free", [], [{"h": h} for h in frees[i:i + FREES_PER_OP]]])
+
+    def account(self, h: int, nbytes: int, what: str) -> None:
+        """Count `nbytes` of a new array (handle `h`) made by this connection, and raise
+        OutOfMemoryError at the allocating call, as CuPy does, when it cannot fit in the slice.
+
+        The client's count (live arrays it made, views not counted) is a lower bound of the lease's
+        use; when it says the new array does not fit, the worker is asked (one ``mem`` round trip,
+        which also counts the lease's other connections) and OutOfMemoryError is raised only when
+        the worker's figure agrees. The worker's own check stays the authority for anything this
+        count cannot see (temporaries, views copied by reshape)."""
+        quota = self.quota_bytes
+        if quota and self.live_bytes + nbytes > quota:
+            with self._lock:
+                if self._pending_free:
+                    self._take_frees()
+                if self.live_bytes + nbytes > quota:
+                    if nbytes > quota:
+                        raise OutOfMemoryError(f"{what}: slice memory quota exceeded: needs {nbytes} bytes, more "
+                                               f"than the quota of {quota} bytes")
+                    mem = self.sync("mem")
+                    in_use = int(mem["total_bytes"]) - int(mem["free_bytes"])
+                    if in_use + nbytes > quota:
+                        raise OutOfMemoryError(f"{what}: slice memory quota exceeded: needs {nbytes} bytes, "
+                                               f"{in_use} of {quota} bytes in use")
+                    self.live_bytes = min(self.live_bytes, in_use)
+        self._owned[h] = nbytes
+        self.live_bytes += nbytes
 
     def _check(self) -> None:
         if self.lost is not None:
@@ -446,15 +482,13 @@ _WIRE_DTYPES = frozenset(
 
 def make_error(err: dict[str, Any]) -> Exception:
     """The client-side exception for a worker's error record {"type", "message", "op"}."""
-    from gpuctl.remote._errors import memory
-
     etype, msg = err.get("type"), str(err.get("message"))
     cls = {
-        "OutOfMemoryError": memory.OutOfMemoryError,
+        "OutOfMemoryError": OutOfMemoryError,
         "ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError,
         "ZeroDivisionError": ZeroDivisionError, "NotImplementedError": NotImplementedError,
         "FloatingPointError": FloatingPointError, "OverflowError": OverflowError,
-        "UnknownOpError": UnknownOpError,
+        "UnknownOpError": UnknownOpError, "LinAlgError": np.linalg.LinAlgError,
     }.get(etype, RemoteError)
     return cls(msg)
 

@@ -1,9 +1,14 @@
 """Result shapes and dtypes computed on the client, so ops that return arrays need no round trip.
 
 Each function returns ``(shape, dtype)``, or ``(None, None)`` when the answer is not known
-without the worker (unknown input shape, data-dependent shape such as boolean masks, or an error
-the worker will report at the next synchronization). dtypes follow NumPy 2 promotion (NEP 50),
-computed by NumPy itself on one-element arrays; the worker's answer wins when they differ.
+without the worker (unknown input shape, data-dependent shape such as boolean masks). Where the
+shapes, axes or dtypes known here make the op fail, it raises NumPy's (and CuPy's) exception at
+the call, as CuPy does: ValueError for shapes that do not broadcast or align, numpy's AxisError
+(an IndexError and ValueError) for an axis out of range, IndexError for an index out of bounds or
+a boolean mask of the wrong shape, TypeError for a ufunc that has no loop for the dtypes. Errors
+that depend on values (an integer index array out of bounds) still surface at the next
+synchronization, naming the op. dtypes follow NumPy 2 promotion (NEP 50), computed by NumPy
+itself on one-element arrays; the worker's answer wins when they differ.
 """
 
 from __future__ import annotations
@@ -27,14 +32,70 @@ def _probe_operand(x: Any) -> Any:
     return x
 
 
+#: Python scalar kinds as the keys name them (names, not values: 1, 1.0 and True are equal as
+#: cache keys) and the value each is probed with.
+_PROBE_SCALARS = {"bool": True, "int": 1, "float": 1.0, "complex": 1j}
+
+
 @functools.lru_cache(maxsize=4096)
-def _ufunc_dtype(name: str, key: tuple) -> np.dtype | None:
-    operands = [np.ones(1, k[1]) if k[0] == "a" else k[1] for k in key]
+def _ufunc_result(name: str, key: tuple) -> np.dtype | TypeError | None:
+    """The result dtype of ufunc `name` for operand kinds `key`; the TypeError NumPy raises when no
+    loop fits (raised at the call by :func:`elementwise`); None when unknown."""
+    operands = [np.ones(1, k[1]) if k[0] == "a" else _PROBE_SCALARS[k[1]] for k in key]
     try:
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             return getattr(np, name)(*operands).dtype
+    except TypeError as e:
+        return TypeError(str(e))
     except Exception:  # noqa: BLE001 - the worker reports the real error
         return None
+
+
+def _ufunc_dtype(name: str, key: tuple) -> np.dtype | None:
+    r = _ufunc_result(name, key)
+    return r if isinstance(r, np.dtype) else None
+
+
+def broadcast_or_raise(*shapes: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The broadcast shape of `shapes` (None when one is unknown); ValueError, worded as CuPy's,
+    when they do not broadcast. Cached per tuple of shapes (the hot path of every operator)."""
+    if len(shapes) == 2:
+        a, b = shapes
+        if a == b:
+            return a
+        if a is None or b is None:
+            return None
+    elif any(s is None for s in shapes):
+        return None
+    return _broadcast(shapes)
+
+
+@functools.lru_cache(maxsize=4096)
+def _broadcast(shapes: tuple) -> tuple[int, ...]:
+    try:
+        return np.broadcast_shapes(*shapes)
+    except ValueError:
+        raise ValueError("operands could not be broadcast together with shapes "
+                         + ", ".join(str(tuple(s)) for s in shapes)) from None
+
+
+def check_axes(axis: Any, ndim: int) -> None:
+    """Raise numpy's AxisError for an axis (or tuple of axes) out of range for `ndim`, ValueError for
+    a repeated axis, TypeError for a non-integer axis."""
+    if axis is None:
+        return
+    axes = axis if isinstance(axis, tuple) else (axis,)
+    seen = set()
+    for a in axes:
+        if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
+            raise TypeError(f"an integer is required for the axis, got {a!r}")
+        if not -max(ndim, 1) <= a < max(ndim, 1) or (ndim == 0 and a not in (0, -1)):
+            raise np.exceptions.AxisError(int(a), ndim)
+        n = int(a) % max(ndim, 1)
+        if n in seen:
+            raise ValueError("duplicate value in 'axis'")
+        seen.add(n)
 
 
 def _key(x: Any) -> tuple:
@@ -44,13 +105,13 @@ def _key(x: Any) -> tuple:
     if isinstance(x, np.ndarray):
         return ("a", x.dtype)
     if isinstance(x, bool):
-        return ("s", True)
+        return ("s", "bool")
     if isinstance(x, int):
-        return ("s", 1)
+        return ("s", "int")
     if isinstance(x, float):
-        return ("s", 1.0)
+        return ("s", "float")
     if isinstance(x, complex):
-        return ("s", 1j)
+        return ("s", "complex")
     return ("?", type(x).__name__)
 
 
@@ -66,22 +127,23 @@ def elementwise(name: str, *operands: Any) -> tuple:
     """Broadcast shape and promoted dtype of ufunc `name` over `operands`."""
     shapes = [shape_of(x) for x in operands]
     keys = tuple(_key(x) for x in operands)
-    if any(s is None for s in shapes) or any(k[0] == "a" and k[1] is None for k in keys) or any(k[0] == "?" for k in keys):
+    if any(k[0] == "?" for k in keys):
         return Unknown
-    try:
-        shape = np.broadcast_shapes(*shapes)
-    except ValueError:
+    shape = broadcast_or_raise(*shapes)
+    if shape is None or any(k[0] == "a" and k[1] is None for k in keys):
         return Unknown
-    dtype = _ufunc_dtype(name, keys)
+    dtype = _ufunc_result(name, keys)
+    if isinstance(dtype, TypeError):
+        raise TypeError(str(dtype))
     return (shape, dtype) if dtype is not None else Unknown
 
 
 def where(c: Any, x: Any, y: Any) -> tuple:
     shapes = [shape_of(v) for v in (c, x, y)]
-    if any(s is None for s in shapes):
+    shape = broadcast_or_raise(*shapes)
+    if shape is None:
         return Unknown
     try:
-        shape = np.broadcast_shapes(*shapes)
         dtype = np.where(True, _probe_operand(x), _probe_operand(y)).dtype
     except (ValueError, TypeError):
         return Unknown
@@ -116,6 +178,9 @@ def reduction(name: str, a: Any, axis: Any = None, keepdims: bool = False, **kw:
     if shape is None or dtype is None:
         return Unknown
     ndim = len(shape)
+    if name in ("argmax", "argmin", "cumsum", "cumprod") and isinstance(axis, tuple):
+        raise TypeError(f"{name}: axis must be an integer or None, got a tuple")
+    check_axes(axis, ndim)
     if name in ("cumsum", "cumprod"):
         if axis is None:
             out = (math.prod(shape),)
@@ -139,19 +204,48 @@ def reduction(name: str, a: Any, axis: Any = None, keepdims: bool = False, **kw:
 
 
 def matmul(a: Any, b: Any) -> tuple:
+    """Shape and dtype of a @ b; ValueError at the call for a 0-d operand, a core dimension
+    mismatch or batch dimensions that do not broadcast (CuPy's and NumPy's errors). Cached per
+    (shapes, dtypes) of two remote arrays."""
+    da, db = getattr(a, "_dtype", None), getattr(b, "_dtype", None)
+    if da is not None and db is not None:
+        return _matmul_cached(a._shape, b._shape, da, db, a, b)
+    return _matmul(a, b)
+
+
+_MATMUL_CACHE: dict[tuple, tuple] = {}
+
+
+def _matmul_cached(sa: Any, sb: Any, da: Any, db: Any, a: Any, b: Any) -> tuple:
+    key = (sa, sb, da, db)
+    r = _MATMUL_CACHE.get(key)
+    if r is None:
+        r = _matmul(a, b)  # raises for shapes that do not fit (not cached)
+        if len(_MATMUL_CACHE) >= 4096:
+            _MATMUL_CACHE.clear()
+        _MATMUL_CACHE[key] = r
+    return r
+
+
+def _matmul(a: Any, b: Any) -> tuple:
     sa, sb = shape_of(a), shape_of(b)
-    if sa is None or sb is None or len(sa) == 0 or len(sb) == 0:
-        return Unknown
-    dt = _ufunc_dtype("matmul", (_key(a), _key(b))) if _key(a)[0] == "a" and _key(b)[0] == "a" else None
-    if dt is None:
+    for i, s in enumerate((sa, sb)):
+        if s is not None and len(s) == 0:
+            raise ValueError(f"matmul: Input operand {i} does not have enough dimensions (has 0, gufunc core "
+                             "with signature (n?,k),(k,m?)->(n?,m?) requires 1)")
+    if sa is None or sb is None:
         return Unknown
     a2 = sa if len(sa) > 1 else (1,) + sa
     b2 = sb if len(sb) > 1 else sb + (1,)
     if a2[-1] != b2[-2]:
-        return Unknown
+        raise ValueError(f"matmul: Input operand 1 has a mismatch in its core dimension 0, with gufunc signature "
+                         f"(n?,k),(k,m?)->(n?,m?) (size {b2[-2]} is different from {a2[-1]})")
     try:
         batch = np.broadcast_shapes(a2[:-2], b2[:-2])
     except ValueError:
+        raise ValueError(f"operands could not be broadcast together with remapped shapes {sa} {sb}") from None
+    dt = _ufunc_dtype("matmul", (_key(a), _key(b))) if _key(a)[0] == "a" and _key(b)[0] == "a" else None
+    if dt is None:
         return Unknown
     out = batch + ((a2[-2],) if len(sa) > 1 else ()) + ((b2[-1],) if len(sb) > 1 else ())
     return out, dt
@@ -161,12 +255,16 @@ def dot(a: Any, b: Any) -> tuple:
     sa, sb = shape_of(a), shape_of(b)
     if sa is None or sb is None:
         return Unknown
+    if len(sa) and len(sb) and sa[-1] != sb[-2 if len(sb) > 1 else -1]:
+        raise ValueError(f"shapes {sa} and {sb} not aligned: {sa[-1]} (dim {len(sa) - 1}) != "
+                         f"{sb[-2 if len(sb) > 1 else -1]} (dim {max(len(sb) - 2, 0)})")
     if len(sa) <= 2 and len(sb) <= 2 and len(sa) and len(sb):
         return matmul(a, b)
     if len(sa) == 0 or len(sb) == 0:
         return elementwise("multiply", a, b)
     if sa[-1] != sb[-2 if len(sb) > 1 else -1]:
-        return Unknown
+        raise ValueError(f"shapes {sa} and {sb} not aligned: {sa[-1]} (dim {len(sa) - 1}) != "
+                         f"{sb[-2 if len(sb) > 1 else -1]} (dim {max(len(sb) - 2, 0)})")
     dt = _ufunc_dtype("matmul", (_key(a), _key(b)))
     return (sa[:-1] + sb[:-2] + sb[-1:], dt) if dt is not None else Unknown
 
@@ -181,14 +279,33 @@ def getitem(a: Any, key: Any) -> tuple:
     if shape is None:
         return Unknown
     parts = key if isinstance(key, tuple) else (key,)
+    if len(parts) == 1 and _mask_shape(parts[0]) is not None:
+        m = _mask_shape(parts[0])
+        if len(m) > len(shape):
+            raise IndexError(f"too many indices for array: array is {len(shape)}-dimensional, but {len(m)} were indexed")
+        for ax, (d, md) in enumerate(zip(shape, m)):
+            if d != md:
+                raise IndexError(f"boolean index did not match indexed array along axis {ax}; size of axis is {d} "
+                                 f"but size of corresponding boolean axis is {md}")
+        return Unknown
     if not all(p is None or p is Ellipsis or isinstance(p, slice) or (isinstance(p, int) and not isinstance(p, bool))
                for p in parts):
         return Unknown
+    stand_in = np.lib.stride_tricks.as_strided(_DUMMY, shape=shape, strides=(0,) * len(shape))
     try:
-        stand_in = np.lib.stride_tricks.as_strided(_DUMMY, shape=shape, strides=(0,) * len(shape))
         return stand_in[key].shape, a._dtype
-    except (IndexError, TypeError, ValueError):
+    except IndexError:
+        raise  # out of bounds, too many indices: CuPy raises at the call
+    except (TypeError, ValueError):
         return Unknown
+
+
+def _mask_shape(k: Any) -> tuple[int, ...] | None:
+    """The shape of a boolean mask index (remote or NumPy), None for anything else."""
+    dt = getattr(k, "_dtype", None) if not isinstance(k, np.ndarray) else k.dtype
+    if dt is not None and dt == np.bool_:
+        return getattr(k, "_shape", None) if not isinstance(k, np.ndarray) else k.shape
+    return None
 
 
 def reshape(a: Any, shape: tuple[int, ...]) -> tuple:
@@ -200,10 +317,12 @@ def reshape(a: Any, shape: tuple[int, ...]) -> tuple:
     known = math.prod(d for d in shape if d != -1)
     if -1 in shape:
         if known == 0 or size % known:
-            return Unknown
+            raise ValueError(f"cannot reshape array of size {size} into shape {shape}")
         shape = tuple(size // known if d == -1 else d for d in shape)
-    if math.prod(shape) != size or any(d < 0 for d in shape):
+    if any(d < 0 for d in shape):
         return Unknown
+    if math.prod(shape) != size:
+        raise ValueError(f"cannot reshape array of size {size} into shape {shape}")
     return shape, a._dtype
 
 
@@ -213,8 +332,8 @@ def transpose(a: Any, axes: tuple[int, ...] | None) -> tuple:
     if axes is None:
         return a._shape[::-1], a._dtype
     n = len(a._shape)
-    if sorted(x % n if n else x for x in axes) != list(range(n)) or len(axes) != n:
-        return Unknown
+    if len(axes) != n or sorted(x % n if n else x for x in axes) != list(range(n)):
+        raise ValueError("axes don't match array")
     return tuple(a._shape[x] for x in axes), a._dtype
 
 
@@ -228,10 +347,11 @@ def concatenate(arrays: list, axis: int | None, stack: bool = False) -> tuple:
         return Unknown
     if stack:
         if len(set(shapes)) != 1:
-            return Unknown
+            raise ValueError("all input arrays must have the same shape")
         n = len(shapes[0]) + 1
-        if axis is None or not -n <= axis < n:
+        if axis is None:
             return Unknown
+        check_axes(axis, n)
         ax = axis % n
         s = list(shapes[0])
         s.insert(ax, len(arrays))
@@ -239,11 +359,20 @@ def concatenate(arrays: list, axis: int | None, stack: bool = False) -> tuple:
     if axis is None:
         return (sum(math.prod(s) for s in shapes),), dt
     n = len(shapes[0])
-    if n == 0 or not -n <= axis < n or any(len(s) != n for s in shapes):
-        return Unknown
+    if n == 0:
+        raise ValueError("zero-dimensional arrays cannot be concatenated")
+    for i, s in enumerate(shapes):
+        if len(s) != n:
+            raise ValueError(f"all the input array dimensions except for the concatenation axis must match exactly, "
+                             f"but array 0 has {n} dimension(s) and the array at index {i} has {len(s)} dimension(s)")
+    check_axes(axis, n)
     ax = axis % n
-    if any(s[:ax] + s[ax + 1:] != shapes[0][:ax] + shapes[0][ax + 1:] for s in shapes):
-        return Unknown
+    for i, s in enumerate(shapes):
+        if s[:ax] + s[ax + 1:] != shapes[0][:ax] + shapes[0][ax + 1:]:
+            raise ValueError("all the input array dimensions except for the concatenation axis must match exactly, "
+                             f"but along dimension {next(j for j in range(n) if j != ax and s[j] != shapes[0][j])}, "
+                             f"the array at index 0 has size {shapes[0][next(j for j in range(n) if j != ax and s[j] != shapes[0][j])]} "
+                             f"and the array at index {i} has size {s[next(j for j in range(n) if j != ax and s[j] != shapes[0][j])]}")
     out = list(shapes[0])
     out[ax] = sum(s[ax] for s in shapes)
     return tuple(out), dt

@@ -100,11 +100,41 @@ def conn_of(*values: Any) -> Connection:
     return get_connection()
 
 
+#: The classes of np.dtype instances (one per dtype kind in NumPy 2): a dtype needs no np.dtype() call.
+_DTYPE_TYPES = frozenset(type(np.dtype(n)) for n in (
+    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float16 float32 float64 complex64 complex128".split()))
+
+#: Ops whose result is a view of an input (no new memory on the worker): not counted by the
+#: client's accounting of live bytes (Connection.account).
+VIEW_OPS = frozenset({"getitem", "reshape", "transpose", "swapaxes", "squeeze", "expand_dims", "ravel",
+                      "broadcast_to", "moveaxis", "flip", "real", "diagonal", "rot90"})
+
+
 def new_op(conn: Connection, name: str, args: list, kwargs: dict | None, inferred: tuple) -> "ndarray":
-    """Queue op `name` producing one new array (handle minted here); `inferred` is (shape, dtype)."""
+    """Queue op `name` producing one new array (handle minted here); `inferred` is (shape, dtype).
+    Raises OutOfMemoryError before queueing when a known-size result cannot fit in the slice."""
     h = conn.mint()
+    shape, dtype = inferred
+    if shape is not None and dtype is not None and name not in VIEW_OPS:
+        nbytes = math.prod(shape) * (dtype.itemsize if type(dtype) in _DTYPE_TYPES else np.dtype(dtype).itemsize)
+        if conn.live_bytes + nbytes > conn.quota_bytes:
+            conn.account(h, nbytes, f"{name}{tuple(shape)}")  # checks (maybe asks the worker), raises or counts
+        else:
+            conn._owned[h] = nbytes
+            conn.live_bytes += nbytes
     conn.enqueue(name, [h], args, kwargs)
-    return ndarray._wrap(conn, h, inferred[0], inferred[1])
+    return ndarray._wrap(conn, h, shape, dtype)
+
+
+def new_ops(conn: Connection, name: str, n: int, args: list, kwargs: dict | None,
+            inferred: list) -> tuple["ndarray", ...]:
+    """Queue op `name` producing `n` new arrays (one handle each); `inferred`: one (shape, dtype) each."""
+    hs = [conn.mint() for _ in range(n)]
+    for h, (shape, dtype) in zip(hs, inferred):
+        if shape is not None and dtype is not None and name not in VIEW_OPS:
+            conn.account(h, math.prod(shape) * np.dtype(dtype).itemsize, f"{name}{tuple(shape)}")
+    conn.enqueue(name, hs, args, kwargs)
+    return tuple(ndarray._wrap(conn, h, s, d) for h, (s, d) in zip(hs, inferred))
 
 
 def ufunc(name: str, *operands: Any, out: "ndarray | None" = None, dtype: Any = None) -> "ndarray":
@@ -151,8 +181,8 @@ class ndarray:
         self._conn = conn
         self._h = h
         self._ref = {"h": h}
-        self._shape = tuple(int(d) for d in shape) if shape is not None else None
-        self._dtype = np.dtype(dtype) if dtype is not None else None
+        self._shape = shape if type(shape) is tuple else (tuple(int(d) for d in shape) if shape is not None else None)
+        self._dtype = dtype if type(dtype) in _DTYPE_TYPES else (np.dtype(dtype) if dtype is not None else None)
         return self
 
     def __del__(self) -> None:
@@ -200,6 +230,13 @@ class ndarray:
     @property
     def T(self) -> "ndarray":
         return self.transpose()
+
+    @property
+    def mT(self) -> "ndarray":
+        """The last two axes swapped (a view); ValueError for fewer than 2 dimensions."""
+        if self.ndim < 2:
+            raise ValueError("matrix transpose with ndim < 2 is undefined")
+        return self.swapaxes(-1, -2)
 
     @property
     def handle(self) -> int:
@@ -287,6 +324,8 @@ class ndarray:
         return self._method("transpose", [list(ax)] if ax else [], None, _infer.transpose(self, ax))
 
     def swapaxes(self, a: int, b: int) -> "ndarray":
+        _infer.check_axes(a, self.ndim)
+        _infer.check_axes(b, self.ndim)
         ax = list(range(self.ndim))
         ax[a], ax[b] = ax[b], ax[a]
         return self._method("swapaxes", [a, b], None, _infer.transpose(self, tuple(ax)))
@@ -302,8 +341,11 @@ class ndarray:
 
     def squeeze(self, axis: Any = None) -> "ndarray":
         inferred: tuple = (None, None)
-        if self._shape is not None and axis is None:
-            inferred = (tuple(d for d in self._shape if d != 1), self._dtype)
+        if isinstance(axis, list):
+            axis = tuple(axis)
+        if self._shape is not None:
+            stand_in = np.lib.stride_tricks.as_strided(np.zeros(1, np.int8), self._shape, (0,) * len(self._shape))
+            inferred = (np.squeeze(stand_in, axis).shape, self._dtype)  # numpy's errors at the call
         return self._method("squeeze", [], {"axis": enc(self._conn, axis, _Temps())} if axis is not None else None,
                             inferred)
 
@@ -350,11 +392,11 @@ class ndarray:
     def min(self, axis=None, out=None, keepdims=False):
         return self._reduce("min", axis, None, out, keepdims)
 
-    def argmax(self, axis=None, out=None):
-        return self._reduce("argmax", axis, None, out)
+    def argmax(self, axis=None, out=None, *, keepdims=False):
+        return self._reduce("argmax", axis, None, out, keepdims)
 
-    def argmin(self, axis=None, out=None):
-        return self._reduce("argmin", axis, None, out)
+    def argmin(self, axis=None, out=None, *, keepdims=False):
+        return self._reduce("argmin", axis, None, out, keepdims)
 
     def any(self, axis=None, out=None, keepdims=False):
         return self._reduce("any", axis, None, out, keepdims)
@@ -364,6 +406,9 @@ class ndarray:
 
     def cumsum(self, axis=None, dtype=None, out=None):
         return self._reduce("cumsum", axis, dtype, out)
+
+    def cumprod(self, axis=None, dtype=None, out=None):
+        return self._reduce("cumprod", axis, dtype, out)
 
     def clip(self, a_min=None, a_max=None):
         from gpuctl.remote import clip
@@ -405,6 +450,8 @@ class ndarray:
         return ufunc("invert", self)
 
     def __matmul__(self, other):
+        if type(other) is ndarray and other._conn is self._conn:  # hot path: both remote, no uploads
+            return new_op(self._conn, "matmul", [self._ref, other._ref], None, _infer.matmul(self, other))
         from gpuctl.remote import matmul
 
         return matmul(self, other)
@@ -415,15 +462,105 @@ class ndarray:
         return matmul(other, self)
 
 
+_UNCHECKED = object()
+#: (ufunc, dtype of the target, type or dtype of the operand) -> None or the casting error message.
+_INPLACE_CHECKED: dict[tuple, str | None] = {}
+
+
+_PY_SCALARS = frozenset({int, float, complex, bool})
+
+
+def _inplace_error(name: str, dtype: Any, other: Any) -> str | None:
+    """NumPy's error for ``x op= other`` when the result cannot be cast back into x's dtype under
+    same_kind casting (``int_array += 1.5``), or None when it can or is not known here."""
+    if dtype is None or (isinstance(other, ndarray) and other._dtype is None):
+        return None
+    if isinstance(other, ndarray):
+        probe = np.ones(1, other._dtype)
+    elif isinstance(other, np.ndarray):
+        probe = np.ones(1, other.dtype)  # by dtype only: the cache key holds no shape or value
+    elif isinstance(other, (int, float, complex, bool)):
+        probe = type(other)(1)
+    else:
+        probe = other
+    try:
+        with np.errstate(all="ignore"):
+            getattr(np, name)(np.ones(1, dtype), probe, out=np.ones(1, dtype))
+    except TypeError as e:
+        return str(e)
+    except Exception:  # noqa: BLE001 - the worker reports anything else
+        return None
+    return None
+
+
+#: (ufunc, dtype, type of a Python scalar operand or dtype of a same-shape array) -> result dtype:
+#: the hot path of ``y = x * 2`` and ``z = x + y`` (no broadcasting to work out).
+_RESULT_DTYPES: dict[tuple, Any] = {}
+_SCALAR_KEYS = {int: ("s", "int"), float: ("s", "float"), bool: ("s", "bool")}
+
+
+def _fast_binary(name: str, self: "ndarray", other: Any, t: type, reflected: bool) -> "ndarray | None":
+    """``self op other`` queued without the general ufunc path when `other` is a Python number or a
+    same-shape array of the same connection and every dtype is known; None otherwise."""
+    dt = self._dtype
+    if dt is None or self._shape is None:
+        return None
+    if t is ndarray:
+        if other._conn is not self._conn or other._shape != self._shape or other._dtype is None:
+            return None
+        key = (name, dt, other._dtype, reflected)
+        arg = other._ref
+    else:
+        key = (name, dt, t, reflected)
+        arg = other
+    rdt = _RESULT_DTYPES.get(key)
+    if rdt is None:
+        keys = [("a", dt), ("a", other._dtype) if t is ndarray else _SCALAR_KEYS[t]]
+        if reflected:
+            keys.reverse()
+        r = _infer._ufunc_result(name, tuple(keys))
+        if not isinstance(r, np.dtype):
+            return None  # unknown or an error: the general path raises it
+        rdt = _RESULT_DTYPES[key] = r
+    args = [arg, self._ref] if reflected else [self._ref, arg]
+    return new_op(self._conn, name, args, None, (self._shape, rdt))
+
+
 def _binary(name: str):
     def op(self, other):
+        t = type(other)
+        if t is int or t is float or t is ndarray:
+            r = _fast_binary(name, self, other, t, False)
+            if r is not None:
+                return r
         return ufunc(name, self, other)
 
     def rop(self, other):
+        t = type(other)
+        if t is int or t is float:
+            r = _fast_binary(name, self, other, t, True)
+            if r is not None:
+                return r
         return ufunc(name, other, self)
 
     def iop(self, other):
         t = type(other)
+        if t is ndarray:
+            okind = other._dtype
+        elif t is np.ndarray:
+            okind = other.dtype
+        elif t in _PY_SCALARS or issubclass(t, np.generic):
+            okind = t
+        else:
+            okind = None  # lists and the like: the worker checks
+        if okind is not None:
+            key = (name, self._dtype, okind)
+            err = _INPLACE_CHECKED.get(key, _UNCHECKED)
+            if err is _UNCHECKED:
+                err = _inplace_error(name, self._dtype, other)
+                _INPLACE_CHECKED[key] = err
+            if err is not None:
+                raise TypeError(err)
         if t is float or t is int or (t is ndarray and other._conn is self._conn):  # fast path
             ref = self._ref
             self._conn.enqueue(name, [], [ref, other._ref if t is ndarray else other], {"out": ref})

@@ -76,3 +76,49 @@ def randint(low: int, high: int | None = None, size: Any = None, dtype: Any = "i
     name = dtype_name(dtype)
     return new_op(get_connection(), "randint", [int(low), None if high is None else int(high), s, {"d": name}],
                   None, (_shape_of(s), np.dtype(name)))
+
+
+class Generator:
+    """``cupy.random.Generator`` (NumPy's ``Generator`` API subset: random, standard_normal,
+    normal, uniform, integers), held by the worker of this connection. On the NumPy executor the
+    draws equal local ``numpy.random.default_rng(seed)``'s (PCG64); on GPU nodes they are
+    cupy.random.default_rng's (XORWOW), so a seed reproduces runs on one kind of node only."""
+
+    _next_id = 0
+
+    def __init__(self, seed: int | None = None):
+        self._conn = get_connection()
+        Generator._next_id += 1
+        self._gid = Generator._next_id
+        self._conn.enqueue("gen_new", [], [self._gid, None if seed is None else int(seed)])
+
+    def _draw(self, op: str, args: list, shape: tuple, dtype: Any) -> ndarray:
+        return new_op(self._conn, op, [self._gid, *args], None, (shape, np.dtype(dtype)))
+
+    def random(self, size: Any = None, dtype: Any = np.float64) -> ndarray:
+        """Uniform [0, 1) (float32 or float64)."""
+        s = _size(size)
+        return self._draw("gen_random", [s, {"d": dtype_name(dtype)}], _shape_of(s), dtype)
+
+    def standard_normal(self, size: Any = None, dtype: Any = np.float64) -> ndarray:
+        s = _size(size)
+        return self._draw("gen_standard_normal", [s, {"d": dtype_name(dtype)}], _shape_of(s), dtype)
+
+    def normal(self, loc: float = 0.0, scale: float = 1.0, size: Any = None) -> ndarray:
+        s = _size(size)
+        return self._draw("gen_normal", [float(loc), float(scale), s], _shape_of(s), np.float64)
+
+    def uniform(self, low: float = 0.0, high: float = 1.0, size: Any = None) -> ndarray:
+        s = _size(size)
+        return self._draw("gen_uniform", [float(low), float(high), s], _shape_of(s), np.float64)
+
+    def integers(self, low: int, high: int | None = None, size: Any = None, dtype: Any = np.int64) -> ndarray:
+        """Integers in [low, high) (or [0, low))."""
+        s = _size(size)
+        return self._draw("gen_integers", [int(low), None if high is None else int(high), s,
+                                           {"d": dtype_name(dtype)}], _shape_of(s), dtype)
+
+
+def default_rng(seed: int | None = None) -> Generator:
+    """A new :class:`Generator` seeded with `seed` (an int in [0, 2**64), or None for entropy)."""
+    return Generator(seed)

@@ -50,8 +50,15 @@ def test_ops_match_local(gpu_lease):
 
 def test_quota_through_memory_pool(gpu_lease):
     big = cp.empty((1 << 30) // 4, dtype=cp.float32)  # 1 GiB
-    with pytest.raises(cp.cuda.memory.OutOfMemoryError, match="op #"):
-        cp.empty((3 << 29) // 4, dtype=cp.float32).get()  # 1.5 GiB more: over the 2 GiB quota
+    with pytest.raises(cp.cuda.memory.OutOfMemoryError, match=r"^empty\(.*slice memory quota exceeded"):
+        cp.empty((3 << 29) // 4, dtype=cp.float32)  # 1.5 GiB more: over the 2 GiB quota, at the call
+    conn = cp.get_connection()
+    quota, conn.quota_bytes = conn.quota_bytes, 0  # no client-side check: the worker's is tested here
+    try:
+        with pytest.raises(cp.cuda.memory.OutOfMemoryError, match="op #"):
+            cp.empty((3 << 29) // 4, dtype=cp.float32).get()
+    finally:
+        conn.quota_bytes = quota
     del big
     assert float(cp.ones(10).sum()) == 10.0
 

@@ -1,7 +1,7 @@
 """NvmlBackend on a real NVIDIA GPU, checked against `nvidia-smi` (marked `gpu`).
 
 Skipped unless NVML starts (pynvml.nvmlInit) and `nvidia-smi` is on PATH. Run on a GPU node with
-``python -m pytest tests/test_gpu_nvml.py -m gpu -v``. Tolerances: UUID, name, index, PCI bus id
+``python -m pytest tests/integration/test_gpu_nvml.py -m gpu -v``. Tolerances: UUID, name, index, PCI bus id
 exact; memory total exact in MiB; memory used within 64 MiB + 2 % (either v2 "used" or used +
 reserved, since nvidia-smi versions differ); temperature ±3 °C; power ±(15 % + 10 W); SM clock
 ±(25 % + 150 MHz); SM utilization ±30 points (both are instants a few ms apart).

@@ -3,7 +3,7 @@
 A child process allocates 1 GiB with PyTorch (or CuPy) and waits; the valid entries gpuctl keeps
 (gpuctl.backends.nvml_processes) must be exactly nvidia-smi's compute apps of that GPU, and the
 child must be counted by NvmlBackend.sample(). Run on a GPU node with
-``python -m pytest tests/test_gpu_nvml_processes.py -m gpu -v``. Skipped without NVML, nvidia-smi,
+``python -m pytest tests/integration/test_gpu_nvml_processes.py -m gpu -v``. Skipped without NVML, nvidia-smi,
 or a CUDA array library.
 """
 
