@@ -4,6 +4,7 @@ torch: training steps equal, errors at the right place, quota, tokens, bad frame
 from __future__ import annotations
 
 import copy
+import gc
 import importlib.util
 import json
 import os
@@ -270,6 +271,8 @@ def test_oom_past_the_quota_and_the_lease_stays_usable(dev, worker):
 ])
 def test_ops_past_the_quota_refused_before_they_allocate(dev, make):
     keep = torch.ones(10, device=dev)
+    gc.collect()  # tensors of earlier tests still waiting for the collector would be freed in between
+    gt.synchronize()
     before = gt.stats()
     with pytest.raises(torch.OutOfMemoryError, match=r"slice memory quota exceeded: needs \d+ bytes"):
         make(dev).sum().item()
