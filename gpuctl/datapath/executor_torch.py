@@ -116,6 +116,9 @@ class TorchExecutor:
         self.quota_bytes = int(quota_bytes)
         self.compute_share = float(compute_share)
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # the worker sees only its slice's GPU (CUDA_VISIBLE_DEVICES = its UUID): device 0
+            self.device = torch.device("cuda", 0)
         if self.device.type == "cuda":
             total = torch.cuda.get_device_properties(self.device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, self.quota_bytes / total), self.device)

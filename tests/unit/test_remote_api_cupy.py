@@ -22,7 +22,7 @@ from gpuctl.datapath.testing import running_worker
 
 @pytest.fixture(scope="module")
 def gpu_lease():
-    with running_worker(executor="cupy", gpu_index=0, quota_bytes=1 << 30) as (handle, url):
+    with running_worker(executor="cupy", quota_bytes=1 << 30) as (handle, url):
         cp.attach(url)
         try:
             yield handle
