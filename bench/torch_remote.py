@@ -233,6 +233,65 @@ def client_overhead(device: torch.device, quick: bool, steps: int = 5) -> dict[s
 
 
 # -- main --------------------------------------------------------------------------------------------
+class _Done(Exception):
+    """The cases of this part are done: write the figures."""
+
+
+def drive_parts(args: argparse.Namespace) -> None:
+    """Start gpuctld and lease a whole GPU here, run the local part (this GPU, in a child process)
+    and the remote part (a child process with no GPU of its own, attached to the lease), one after
+    the other, and print the ratios of their figures."""
+    tmp = tempfile.mkdtemp(prefix="gpuctl-bench-torch-")
+    node, sock = start_node(tmp, args.backend)
+    try:
+        _, url = lease_full_gpu(sock)
+        parts: dict[str, Any] = {}
+        for part in ("local", "remote"):
+            out = os.path.join(tmp, f"{part}.json")
+            cmd = [sys.executable, os.path.abspath(__file__), "--part", part, "--attach", url, "--out", out,
+                   "--warmup", str(args.warmup), "--steps", str(args.steps), "--gpt-steps", str(args.gpt_steps)]
+            if args.only:
+                cmd += ["--only", args.only]
+            if args.quick:
+                cmd += ["--quick"]
+            env = dict(os.environ)
+            if part == "remote":
+                env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU-only client: only the worker touches the GPU
+            subprocess.run(cmd, env=env, check=False)
+            with open(out) as f:
+                parts[part] = json.load(f)
+        loc, rem = parts["local"], parts["remote"]
+        results = {"machine": loc["machine"], "torch": loc["torch"], "attach_ms": rem["attach_ms"], "cases": {},
+                   "client_overhead": rem.get("client_overhead"), "worker_stats": rem.get("worker_stats")}
+        print(f"{'case':<16} {'local':>12} {'remote':>13} {'ratio':>7}")
+        for name, lc in loc["cases"].items():
+            rc = rem["cases"].get(name, {})
+            if "error" in lc or "error" in rc:
+                results["cases"][name] = {"local": lc, "remote": rc}
+                print(f"{name:<16} failed: {lc.get('error') or rc.get('error')}"[:300])
+                continue
+            if name == "gpt":
+                l, r = lc["local"]["tokens_per_s"], rc["remote"]["tokens_per_s"]
+                lm = lc["local_math_attention"]["tokens_per_s"]
+                results["cases"][name] = {**lc, **rc, "ratio": r / l, "ratio_vs_math": r / lm}
+                print(f"{'gpt (tokens/s)':<16} {l:>12.0f} {r:>13.0f} {r / l:>7.3f}   (local math attention {lm:.0f}: "
+                      f"ratio {r / lm:.3f})")
+                continue
+            l, r = lc["local"]["images_per_s"], rc["remote"]["images_per_s"]
+            results["cases"][name] = {"local": lc["local"], "remote": rc["remote"], "ratio": r / l}
+            print(f"{name:<16} {l:>12.1f} {r:>13.1f} {r / l:>7.3f}   (img/s; ms/step {lc['local']['ms_per_step']:.1f} "
+                  f"vs {rc['remote']['ms_per_step']:.1f})", flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=1)
+    finally:
+        node.terminate()
+        try:
+            node.wait(10)
+        except subprocess.TimeoutExpired:
+            node.kill()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backend", choices=("nvml", "simulated"), default="nvml")
@@ -243,7 +302,13 @@ def main() -> None:
     p.add_argument("--gpt-steps", type=int, default=50)
     p.add_argument("--only", default=None, help="comma list of cases: fp32_b256,bf16_cl_b256,fp32_b64,gpt")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
+    p.add_argument("--part", choices=("all", "local", "remote"), default="all",
+                   help="all (default): the local part in this process, the remote part in a child process "
+                        "that sees no GPU (CUDA_VISIBLE_DEVICES='', a CPU-only client as in the seed's figure); "
+                        "local / remote: that part alone (needs --attach for remote)")
     args = p.parse_args()
+    if args.part == "all" and not args.attach:
+        return drive_parts(args)
 
     import gpuctl.torch as gt
 
@@ -259,8 +324,9 @@ def main() -> None:
             node, sock = start_node(tmp, args.backend)
             _, url = lease_full_gpu(sock)
         t0 = time.perf_counter()
-        remote_dev = gt.attach(url)
+        remote_dev = gt.attach(url) if args.part != "local" else None
         attach_ms = 1000 * (time.perf_counter() - t0)
+        do_local, do_remote = args.part != "remote", args.part != "local"
 
         def local_sync(loss: torch.Tensor) -> float:
             if local_dev.type == "cuda":
@@ -287,12 +353,18 @@ def main() -> None:
                 continue
             try:
                 loc = resnet_case(local_dev, quick=args.quick, warmup=args.warmup, steps=args.steps, sync=local_sync,
-                                  **kw)
+                                  **kw) if do_local else None
                 rem = resnet_case(remote_dev, quick=args.quick, warmup=args.warmup, steps=args.steps,
-                                  sync=remote_sync, **kw)
+                                  sync=remote_sync, **kw) if do_remote else None
             except Exception as e:  # noqa: BLE001 - report and go on with the next case
                 print(f"{name:<16} failed: {type(e).__name__}: {str(e)[:300]}")
                 results["cases"][name] = {"error": f"{type(e).__name__}: {e}"}
+                continue
+            if loc is None or rem is None:
+                results["cases"][name] = {"local": loc, "remote": rem}
+                print(f"{name:<16} {args.part}: {(loc or rem)['images_per_s']:.1f} img/s", flush=True)
+                if local_dev.type == "cuda":
+                    torch.cuda.empty_cache()
                 continue
             ratio = rem["images_per_s"] / loc["images_per_s"]
             results["cases"][name] = {"local": loc, "remote": rem, "ratio": ratio}
@@ -302,6 +374,14 @@ def main() -> None:
                 torch.cuda.empty_cache()
         if not only or "gpt" in only:
             try:
+                if not (do_local and do_remote):
+                    one = (dict(local=gpt_case(local_dev, args.quick, args.gpt_steps, local_sync),
+                                local_math_attention=gpt_case(local_dev, args.quick, args.gpt_steps, local_sync,
+                                                              math_attention=True)) if do_local
+                           else dict(remote=gpt_case(remote_dev, args.quick, args.gpt_steps, remote_sync)))
+                    results["cases"]["gpt"] = one
+                    print(f"gpt {args.part}: " + ", ".join(f"{k} {v['tokens_per_s']:.0f} tokens/s" for k, v in one.items()))
+                    raise StopIteration
                 loc = gpt_case(local_dev, args.quick, args.gpt_steps, local_sync)
                 loc_math = gpt_case(local_dev, args.quick, args.gpt_steps, local_sync, math_attention=True)
                 rem = gpt_case(remote_dev, args.quick, args.gpt_steps, remote_sync)
@@ -311,9 +391,13 @@ def main() -> None:
                 print(f"{'gpt (tokens/s)':<16} {loc['tokens_per_s']:>12.0f} {rem['tokens_per_s']:>13.0f} "
                       f"{results['cases']['gpt']['ratio']:>7.3f}   (local math attention "
                       f"{loc_math['tokens_per_s']:.0f}: ratio {results['cases']['gpt']['ratio_vs_math']:.3f})")
+            except StopIteration:
+                pass
             except Exception as e:  # noqa: BLE001
                 print(f"gpt failed: {type(e).__name__}: {str(e)[:300]}")
                 results["cases"]["gpt"] = {"error": f"{type(e).__name__}: {e}"}
+        if not do_remote:
+            raise _Done
         try:
             results["worker_stats"] = gt.stats()
         except Exception as e:  # noqa: BLE001
@@ -326,6 +410,8 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001
             print(f"client overhead failed: {type(e).__name__}: {str(e)[:300]}")
         gt.detach()
+        raise _Done
+    except _Done:
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(results, f, indent=1)

@@ -25,3 +25,12 @@ def running_worker(*, quota_bytes: int = 64 << 20, ttl_s: float = 300.0, executo
         yield handle, url
     finally:
         handle.stop()
+
+
+def cuda_device_uuid(index: int = 0) -> str:
+    """CUDA device `index`'s UUID as NVML writes it (``GPU-`` 8-4-4-4-12 hex), from CuPy's device
+    properties: workers are pinned by UUID, never by index. Raises ImportError without CuPy."""
+    import cupy
+
+    h = bytes(cupy.cuda.runtime.getDeviceProperties(index)["uuid"]).hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"

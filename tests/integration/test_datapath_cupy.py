@@ -15,19 +15,12 @@ except Exception:  # noqa: BLE001 - no driver
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_GPUS == 0, reason="needs an NVIDIA GPU")]
 
 import gpuctl.remote as cp  # noqa: E402
-from gpuctl.datapath.testing import running_worker  # noqa: E402
-
-
-def first_gpu_uuid() -> str:
-    """CUDA device 0's UUID as NVML writes it (GPU-8-4-4-4-12 hex): workers are pinned by UUID."""
-    raw = cupy.cuda.runtime.getDeviceProperties(0)["uuid"]
-    h = bytes(raw).hex()
-    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+from gpuctl.datapath.testing import cuda_device_uuid, running_worker  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def gpu_lease():
-    with running_worker(executor="cupy", gpu_uuid=first_gpu_uuid(), quota_bytes=2 << 30) as (handle, url):
+    with running_worker(executor="cupy", gpu_uuid=cuda_device_uuid(), quota_bytes=2 << 30) as (handle, url):
         cp.attach(url)
         try:
             yield handle

@@ -17,12 +17,12 @@ except Exception:  # noqa: BLE001 - no driver
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_GPUS == 0, reason="needs an NVIDIA GPU")]
 
 import gpuctl.remote as cp
-from gpuctl.datapath.testing import running_worker
+from gpuctl.datapath.testing import cuda_device_uuid, running_worker
 
 
 @pytest.fixture(scope="module")
 def gpu_lease():
-    with running_worker(executor="cupy", quota_bytes=1 << 30) as (handle, url):
+    with running_worker(executor="cupy", gpu_uuid=cuda_device_uuid(), quota_bytes=1 << 30) as (handle, url):
         cp.attach(url)
         try:
             yield handle
