@@ -99,6 +99,7 @@ class MpsManager:
         self.program = program
         self._lock = threading.Lock()
         self._daemons: dict[str, MpsDaemon] = {}
+        self._stopping: dict[str, threading.Thread] = {}  # GPU UUID -> the thread quitting its last daemon
         self.last_error: str | None = None  # why the last acquire in auto mode gave no daemon
 
     def dirs(self, gpu_uuid: str) -> tuple[Path, Path]:
@@ -157,15 +158,29 @@ class MpsManager:
             if d.leases:
                 return False
             del self._daemons[gpu_uuid]
-            self._stop(d)
+            # quit off the caller's path: MPS's quit waits for its server to exit (seconds), and a
+            # lease's release must answer at once; a new daemon for this GPU waits for it (_start)
+            t = threading.Thread(target=self._stop, args=(d,), daemon=True, name=f"gpuctld-mps-quit-{gpu_uuid[:12]}")
+            self._stopping[gpu_uuid] = t
+            t.start()
             return True
+
+    def quiesce(self, timeout_s: float = 2 * STOP_TIMEOUT_S) -> None:
+        """Wait until the daemons being quit (after their last lease's release) are gone."""
+        with self._lock:
+            stopping = list(self._stopping.values())
+        for t in stopping:
+            t.join(timeout_s)
 
     def close(self) -> None:
         """Stop every daemon (gpuctld shutdown). Never raises."""
         with self._lock:
             daemons, self._daemons = list(self._daemons.values()), {}
+            stopping, self._stopping = list(self._stopping.values()), {}
         for d in daemons:
             self._stop(d)
+        for t in stopping:
+            t.join(2 * STOP_TIMEOUT_S)
 
     # ------------------------------------------------------------------ the control program
 
@@ -176,6 +191,9 @@ class MpsManager:
         return env
 
     def _start(self, gpu_uuid: str, uid: int) -> MpsDaemon:
+        quitting = self._stopping.pop(gpu_uuid, None)
+        if quitting is not None:  # this GPU's last daemon is still quitting: let it finish first
+            quitting.join(2 * STOP_TIMEOUT_S)
         pipe_dir, log_dir = self.dirs(gpu_uuid)
         where = f"GPU {gpu_uuid}: MPS control daemon did not start"
         exe = shutil.which(self.program)
