@@ -205,6 +205,7 @@ class MpsManager:
             log.warning("GPU %s: an MPS control daemon left in %s by a former gpuctld: quitting it first",
                         gpu_uuid, pipe_dir)
             self._stop(MpsDaemon(gpu_uuid=gpu_uuid, pipe_dir=pipe_dir, log_dir=log_dir, uid=uid))
+            (pipe_dir / "control").unlink(missing_ok=True)  # a FIFO with no daemon behind it ("Cannot find ...")
         try:
             proc = subprocess.run([exe, "-d"], env=self._env(gpu_uuid, pipe_dir, log_dir), stdin=subprocess.DEVNULL,
                                   capture_output=True, timeout=START_TIMEOUT_S)
@@ -229,9 +230,14 @@ class MpsManager:
             if proc.returncode != 0:
                 log.error("GPU %s: MPS quit exited %d: %s", d.gpu_uuid, proc.returncode,
                           proc.stderr.decode(errors="replace").strip()[-400:])
-            deadline = time.monotonic() + STOP_TIMEOUT_S
+            # The real control daemon leaves its `control` FIFO behind when it quits (seen on the
+            # H200): give it a moment, then remove a FIFO nobody serves so that a stale pipe is
+            # never taken for a running daemon (which made the next start wait and quit again).
+            deadline = time.monotonic() + 1.0
             while (d.pipe_dir / "control").exists() and time.monotonic() < deadline:
                 time.sleep(0.02)
+            if proc.returncode == 0:
+                (d.pipe_dir / "control").unlink(missing_ok=True)
             log.info("GPU %s: MPS control daemon stopped", d.gpu_uuid)
         except (OSError, subprocess.TimeoutExpired) as e:
             log.error("GPU %s: stopping the MPS control daemon failed: %s", d.gpu_uuid, e)
