@@ -14,6 +14,8 @@
   says so on stderr with the node's reason and exits 8 (LEASE_REVOKED) whatever CMD's status.
 - ``gpuctl run --native ... [--cwd DIR] -- CMD ARGS...``: the same, but CMD runs ON the leased
   node pinned natively to the slice (GPU UUID, MPS caps): see :mod:`gpuctl.fleet.native_run`.
+- ``gpuctl run --native --gpus N [--per-node K] [--nodes A,B] [--dry-run] -- CMD``: N whole GPUs
+  on one or more nodes, CMD on each with torchrun's rendezvous environment: see gpuctl.cli.job.
 
 Node choice (no ``--node``) and the grant are gpuctl.fleet.leases.acquire; the exit code of a
 refusal is its node error code's row of gpuctl.cli.errors.NODE_CODE_EXIT.
@@ -88,6 +90,11 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
                    "the current directory here, the login directory on an SSH node)")
     p.add_argument("--grace", type=_ttl, default=CHILD_GRACE_S, metavar="SECONDS",
                    help=f"seconds between SIGTERM and SIGKILL when CMD must end (default {CHILD_GRACE_S:g})")
+    p.add_argument("--per-node", type=int, metavar="K", help="multi-GPU job (--native): K whole GPUs on each node "
+                   "(default: the fewest nodes that hold --gpus N)")
+    p.add_argument("--nodes", metavar="A,B", help="multi-GPU job (--native): run on exactly these nodes, the first "
+                   "is rank 0 (MASTER_ADDR)")
+    p.add_argument("--dry-run", action="store_true", help="multi-GPU job: show the placement, lease nothing")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
                    help="the command, after --; it finds the lease in GPUCTL_ATTACH (--native: its GPU in "
                         "CUDA_VISIBLE_DEVICES)")
@@ -316,6 +323,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
+    from gpuctl.cli.job import is_job, run_job
+
+    if is_job(args):  # N whole GPUs on one or more nodes: gpuctl.fleet.job
+        return run_job(args, command)
     if not command:
         raise UsageError("run: give the command after --, e.g. gpuctl run --dept research --gpus 0.25 -- "
                          "python train.py")
