@@ -95,11 +95,11 @@ def run_job(args: argparse.Namespace, command: list[str]) -> int:
         sigints = [0]
 
         def forward(signum: int, frame: Any) -> None:
-            from gpuctl.cli.leases import _forward_sigint
+            from gpuctl.fleet.native_run import forward_sigint
 
             if signum == signal.SIGINT:
                 sigints[0] += 1
-                first_only = not _forward_sigint(sigints[0])
+                first_only = not forward_sigint(sigints[0])
                 # a Ctrl-C typed here already reached the local nodes' programs (same process group)
                 job.forward(signum, only=lambda p: not (first_only and getattr(p, "shares_terminal", False)))
             else:

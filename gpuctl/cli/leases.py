@@ -41,6 +41,7 @@ from gpuctl.cli.errors import UsageError, exit_code_for_node_code
 from gpuctl.cli.output import console, emit_json, err, fmt_bytes
 from gpuctl.cli.registry import Verb
 from gpuctl.exit_codes import ExitCode
+from gpuctl.fleet.native_run import forward_sigint as _forward_sigint
 
 #: Default lease ttl of `gpuctl lease` (nobody heartbeats it afterwards), seconds.
 LEASE_DEFAULT_TTL_S = 600.0
@@ -302,17 +303,6 @@ class _Heartbeat(threading.Thread):
                             self.on_revoked()
                     return
                 self.err(f"heartbeat of lease {self.lease_id} failed, retrying: {e}")
-
-
-def _forward_sigint(count: int) -> bool:
-    """A SIGINT typed at the terminal already reached CMD (same foreground process group): forward
-    only the second, or one that came from elsewhere."""
-    try:
-        if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
-            return count >= 2
-    except OSError:
-        pass
-    return True
 
 
 def cmd_run(args: argparse.Namespace) -> int:

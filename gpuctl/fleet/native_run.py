@@ -282,6 +282,19 @@ def record_pid(client: Any, lease_id: str, proc: Any, err: Any) -> None:
             err(f"could not record process {pid} with lease {lease_id}: {e}")
 
 
+def forward_sigint(count: int) -> bool:
+    """Whether gpuctl forwards its `count`-th SIGINT to a program that shares its terminal: a
+    SIGINT typed at the terminal already reached it (same foreground process group), so only the
+    second is forwarded, or one that came from elsewhere (no terminal, or gpuctl not in the
+    foreground)."""
+    try:
+        if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
+            return count >= 2
+    except OSError:
+        pass
+    return True
+
+
 def describe_env(env: dict[str, str]) -> str:
     """The native variables in one line for stderr (K=V, sorted)."""
     return " ".join(f"{k}={v}" for k, v in sorted(env.items()))
