@@ -242,10 +242,12 @@ def acquire_all(fleet: Any, placement: Placement, *, ttl_s: float, owner: str,
             answers.append(fleet.clients[part.node].grant_lease(
                 request_id=f"job-req-{uuid.uuid4().hex}", department=placement.dept, owner=owner, ttl_s=ttl_s,
                 slice_ids=list(part.slice_ids), attach="native"))
-        except NodeError as e:
+        except BaseException as e:  # a refusal, or Ctrl-C meanwhile: nothing stays held either way
             held = [(p.node, a["lease"]["id"]) for p, a in zip(placement.parts, answers)]
             for node, lid in held:
                 _release(fleet, node, lid, err, ttl_s)
+            if not isinstance(e, NodeError):
+                raise
             raise JobError(f"node {part.node} refused its part (GPU {', '.join(map(str, part.gpu_indices))}): {e}; "
                            f"nothing is held" + (f" (released {', '.join(l for _, l in held)})" if held else ""),
                            e.code) from None
@@ -372,6 +374,7 @@ class Job:
         self.revoked: str | None = None
         self._lock = threading.RLock()
         self._stop_hb = threading.Event()
+        self._hb = threading.Thread(target=self._heartbeat, name="gpuctl-job-heartbeat", daemon=True)
         out_lock = threading.Lock()
         self._streams = [(PrefixedStream(stdout, p.node, out_lock), PrefixedStream(stderr, p.node, out_lock))
                          for p in placement.parts]
@@ -383,6 +386,7 @@ class Job:
         cannot start it; the caller then calls :meth:`close`, which ends the ones started."""
         from gpuctl.fleet.native_run import NativeStartError, record_pid, start_native
 
+        self._hb.start()  # before the first start: a slow launch must not let a lease expire
         first = self.placement.parts[0].node
         first_cfg = self.cfg.node(first)
         port = free_port(first_cfg, self.fleet.clients[first].transport())
@@ -431,7 +435,7 @@ class Job:
     def _heartbeat(self) -> None:
         while not self._stop_hb.wait(max(0.2, self.ttl_s / 3)):
             for i, part in enumerate(self.placement.parts):
-                if self.released[i] or self.status[i] is not None:
+                if self.released[i] or self.status[i] is not None or self._stop_hb.is_set():
                     continue
                 try:
                     self.fleet.clients[part.node].heartbeat_lease(self.lease_ids[i])
@@ -442,9 +446,9 @@ class Job:
                     from gpuctl.exit_codes import ExitCode
 
                     if e.code == "lease_revoked":
-                        self.revoked = f"lease {self.lease_ids[i]} on {part.node}: {e}"
+                        self.revoked = self.revoked or str(e)
                     self._fail(i, int(ExitCode.LEASE_REVOKED) if e.code == "lease_revoked" else 1,
-                               f"lost its lease {self.lease_ids[i]} ({e})")
+                               f"lost its lease: {e}")
                     self.forward(signal.SIGTERM, only=lambda p, mine=self.procs[i]: p is mine)
 
     def wait(self) -> int:
@@ -453,8 +457,6 @@ class Job:
         128 + N for signal N; 7 when a node's connection was lost; 8 when a lease was revoked)."""
         from gpuctl.exit_codes import ExitCode
 
-        hb = threading.Thread(target=self._heartbeat, name="gpuctl-job-heartbeat", daemon=True)
-        hb.start()
         try:
             while True:
                 running = 0
@@ -467,7 +469,11 @@ class Job:
                         continue
                     rc = rc if rc >= 0 else 128 - rc
                     self.status[i] = rc
-                    if getattr(proc, "connection_lost", False):
+                    revoked = None if getattr(proc, "connection_lost", False) else self._revoked(i)
+                    if revoked is not None:  # the node ended it (any status): the job is over
+                        self.revoked = self.revoked or revoked
+                        self._fail(i, int(ExitCode.LEASE_REVOKED), f"lost its lease: {revoked}")
+                    elif getattr(proc, "connection_lost", False):
                         self._fail(i, int(ExitCode.UNREACHABLE), f"lost its SSH connection (its program ends when "
                                                                  f"lease {self.lease_ids[i]} expires)")
                     elif rc != 0:
@@ -481,6 +487,16 @@ class Job:
         if self.revoked is not None:
             return int(ExitCode.LEASE_REVOKED)
         return self.failure[1] if self.failure else 0
+
+    def _revoked(self, i: int) -> str | None:
+        """The node's words when part i's lease was revoked (asked with a heartbeat: a revoke ends
+        the program on the node, maybe with status 0, before the heartbeat thread hears of it)."""
+        try:
+            self.fleet.clients[self.placement.parts[i].node].heartbeat_lease(self.lease_ids[i])
+        except NodeError as e:
+            if e.code == "lease_revoked":
+                return str(e)  # names the lease, the node and what revoked it
+        return None
 
     def _release_part(self, i: int) -> None:
         with self._lock:

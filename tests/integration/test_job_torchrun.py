@@ -129,18 +129,21 @@ def wait_for(pred, timeout_s: float) -> bool:
 RANK_LINE = re.compile(r"^\[(n[12])\] rank (\d)/(\d) pid (\d+) sum (\S+) node_rank (\d) gpus (\S+)$", re.M)
 
 
-def test_two_node_gloo_allreduce_sum_is_right_on_every_rank(fleet, args):
-    r = run_cli(*args, "run", "--native", "--dept", "research", "--gpus", "2", "--", *torchrun(fleet),
+@pytest.mark.parametrize("order", [[], ["--nodes", "n2,n1"]], ids=["local-node-first", "ssh-node-first"])
+def test_two_node_gloo_allreduce_sum_is_right_on_every_rank(fleet, args, order):
+    """ssh-node-first: rank 0 (MASTER_ADDR, the port found free over SSH) is the sshd node."""
+    r = run_cli(*args, "run", "--native", "--dept", "research", "--gpus", "2", *order, "--", *torchrun(fleet),
                 timeout_s=120)
     assert r.code == 0, r.stderr
     ranks = {m[1]: m for m in RANK_LINE.findall(r.stdout)}
     assert sorted(ranks) == ["0", "1"], r.stdout
-    g1, g2 = fleet["gpus"]
-    # rank 0 on n1 (the first node: MASTER_ADDR), rank 1 on n2; 1 + 2 = 3 on both
-    assert ranks["0"][0] == "n1" and ranks["0"][5] == "0" and ranks["0"][6] == g1
-    assert ranks["1"][0] == "n2" and ranks["1"][5] == "1" and ranks["1"][6] == g2
+    gpu = dict(zip(("n1", "n2"), fleet["gpus"]))
+    first, second = ("n2", "n1") if order else ("n1", "n2")
+    # rank 0 on the first node (MASTER_ADDR), rank 1 on the other; 1 + 2 = 3 on both
+    assert ranks["0"][0] == first and ranks["0"][5] == "0" and ranks["0"][6] == gpu[first]
+    assert ranks["1"][0] == second and ranks["1"][5] == "1" and ranks["1"][6] == gpu[second]
     assert all(m[2] == "2" and m[4] == "3" for m in ranks.values())
-    assert "[n1] rank 0 says hello on stderr" in r.stderr and "[n2] rank 1 says hello on stderr" in r.stderr
+    assert f"[{first}] rank 0 says hello on stderr" in r.stderr and f"[{second}] rank 1 says hello on stderr" in r.stderr
     assert "placement: 2 GPU(s) of research on 2 node(s), 1 per node" in r.stderr
     assert re.search(r"rendezvous: MASTER_ADDR=127\.0\.0\.1 MASTER_PORT=\d+ NNODES=2 NPROC_PER_NODE=1", r.stderr)
     assert r.stderr.count("released lease") == 2

@@ -6,6 +6,7 @@ both UUIDs, NPROC_PER_NODE=2). Real simulated gpuctld daemons, local transport."
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -164,3 +165,56 @@ def test_job_exit_status_and_missing_command(two, clean):
     assert r.stderr.count("released lease") == 2
     r = run_cli("--config", two["cfg"], "run", "--dept", "research", "--gpus", "2", "--", "true")
     assert r.code == 2 and "runs with --native: remote attach leases one GPU" in r.stderr
+
+
+def test_a_revoked_lease_ends_the_whole_job_with_8(two, clean):
+    """n2's slice is taken with --revoke: n2's program is ended by its node, n1's by gpuctl (SIGTERM),
+    gpuctl says which lease was revoked and exits 8 (LEASE_REVOKED); both leases are gone."""
+    import os
+    import subprocess
+    import time
+
+    from daemon_proc import REPO_ROOT
+
+    script = ("import os, signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); "
+              "print('ready', os.getpid(), flush=True); time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-m", "gpuctl.cli", "--config", two["cfg"], "run", "--native", "--dept",
+                          "research", "--gpus", "2", "--per-node", "1", "--ttl", "3", "--grace", "2", "--",
+                          sys.executable, "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+    d2 = two["d"][1]
+    sid = _whole(d2.socket_path, two["u"][1][0])
+    revoked = False
+    try:
+        pids = {}
+        for _ in range(2):
+            node, word, pid = p.stdout.readline().split()
+            pids[node] = int(pid)
+        assert set(pids) == {"[n1]", "[n2]"}
+        with uds_client(d2.socket_path) as c:
+            gen = c.get("/v1/slices").json()["generation"]
+            r = c.post("/v1/assign", json={"request_id": f"rv-{time.time()}", "generation": gen, "leased": "revoke",
+                                           "moves": [{"slice_id": sid, "from": "research", "to": "training"}]})
+            assert r.status_code == 200, r.text
+            revoked = True
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        if revoked:
+            with uds_client(d2.socket_path) as c:
+                gen = c.get("/v1/slices").json()["generation"]
+                c.post("/v1/assign", json={"request_id": f"gb-{time.time()}", "generation": gen,
+                                           "moves": [{"slice_id": sid, "from": "training", "to": "research"}]})
+    assert p.returncode == 8, err
+    assert re.search(r"n2 \(rank 1\) lost its lease: node n2: lease lease-\w+ on node \S+ was revoked: a reassignment took "
+                     r"its slices \(gpuctl reassign --revoke\): stopping n1", err), err
+    assert "exiting 8 (LEASE_REVOKED)" in err
+    for pid in pids.values():
+        try:
+            os.kill(pid, 0)
+            alive = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[-1].split()[0] != "Z"
+        except OSError:
+            alive = False
+        assert not alive, pid
