@@ -440,6 +440,8 @@ class Job:
                 try:
                     self.fleet.clients[part.node].heartbeat_lease(self.lease_ids[i])
                 except NodeError as e:
+                    if self.released[i] or self.status[i] is not None:
+                        continue  # its part ended and was released meanwhile: not a loss
                     if not e.reachable:
                         self.err(f"heartbeat of lease {self.lease_ids[i]} on {part.node} failed, retrying: {e}")
                         continue
