@@ -168,3 +168,38 @@ def test_peer_links_survive_the_status_json_and_do_not_change_equality():
     g = GpuIdentity("GPU-a", 0, "x", peer_links={"GPU-b": "nvlink"})
     assert GpuIdentity.from_json(g.to_json()) == g and GpuIdentity.from_json(g.to_json()).peer_links == {"GPU-b": "nvlink"}
     assert g == GpuIdentity("GPU-a", 0, "x") and hash(g) == hash(GpuIdentity("GPU-a", 0, "x"))
+
+
+def test_prefixed_stream_whole_lines_partial_tail_and_long_lines():
+    import io
+    import threading
+
+    from gpuctl.fleet.job import PrefixedStream
+
+    buf = io.BytesIO()
+    s = PrefixedStream(buf, "n1", threading.Lock(), max_line=8)
+    s.write(b"ab")
+    assert buf.getvalue() == b""  # a partial line waits for its end
+    s.write(b"c\nde\nf")
+    assert buf.getvalue() == b"[n1] abc\n[n1] de\n"
+    s.write(b"0123456789")  # "f" + 10 bytes: past max_line, written in pieces
+    assert buf.getvalue().endswith(b"[n1] f0123456\n")
+    s.close()
+    assert buf.getvalue() == b"[n1] abc\n[n1] de\n[n1] f0123456\n[n1] 789\n"
+
+
+def test_rendezvous_env_and_master_address():
+    from types import SimpleNamespace
+
+    from gpuctl.fleet.job import master_address, rendezvous_env
+
+    env = rendezvous_env(master_addr="10.0.0.5", master_port=29500, nnodes=2, node_rank=1, nproc_per_node=8)
+    plain = {"MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500", "NNODES": "2", "NODE_RANK": "1", "NPROC_PER_NODE": "8"}
+    assert env == {**plain, **{f"PET_{k}": v for k, v in plain.items()}}
+    ssh = SimpleNamespace(transport="ssh", host="gpu-01.lab")
+    local = SimpleNamespace(transport="local", host=None)
+    assert master_address(ssh, {"data_address": "10.0.0.5"}) == "10.0.0.5"
+    assert master_address(ssh, {"data_address": "[fd00::5]"}) == "fd00::5"
+    assert master_address(ssh, {"data_address": "0.0.0.0"}) == "gpu-01.lab"  # a bind-all is no address
+    assert master_address(ssh, {}) == "gpu-01.lab"
+    assert master_address(local, {}) == "127.0.0.1"
