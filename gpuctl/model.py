@@ -51,6 +51,13 @@ def _pick(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k in names}
 
 
+#: Links between two GPUs of one node, fastest first (the placement of multi-GPU jobs prefers GPUs
+#: whose slowest pairwise link comes first here): NVLink; on one board (NVML_TOPOLOGY_INTERNAL);
+#: one PCIe switch (SINGLE); several switches (MULTIPLE); one host bridge; one NUMA node; across
+#: NUMA nodes (SYSTEM).
+GPU_LINKS = ("nvlink", "board", "pcie_switch", "pcie_switches", "host_bridge", "numa_node", "system")
+
+
 @dataclass(frozen=True)
 class GpuIdentity:
     """What identifies one GPU of a node; fixed while the daemon runs.
@@ -80,6 +87,10 @@ class GpuIdentity:
     mig_gpu_instance_id: int | None = None
     mig_compute_instance_id: int | None = None
     mig_compute_share: float | None = None
+    #: Link to each other GPU of the node, peer UUID -> one of :data:`GPU_LINKS` (NVML topology:
+    #: nvmlDeviceGetP2PStatus NVLINK, else nvmlDeviceGetTopologyCommonAncestor); None where the
+    #: backend reports none (simulated nodes, MIG devices, a driver without the queries).
+    peer_links: dict[str, str] | None = field(default=None, compare=False)
 
     @property
     def is_mig_device(self) -> bool:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pynvml
@@ -235,7 +235,33 @@ class NvmlBackend(GpuBackend):
             gpus.append(gpu)
             if gpu.identity.mig_enabled and gpu.error is None:
                 gpus.extend(self._mig_devices(gpu))
+        self._add_links([g for g in gpus if g.handle is not None and g.error is None
+                         and not g.identity.is_mig_device])
         return gpus
+
+    def _add_links(self, gpus: list[_Gpu]) -> None:
+        """Set each GPU's ``peer_links`` (peer UUID -> a gpuctl.model.GPU_LINKS name): "nvlink" when
+        nvmlDeviceGetP2PStatus(NVLINK) says OK, else the level of nvmlDeviceGetTopologyCommonAncestor.
+        A pair neither query answers is left out; a GPU with no answered pair keeps None."""
+        levels = {pynvml.NVML_TOPOLOGY_INTERNAL: "board", pynvml.NVML_TOPOLOGY_SINGLE: "pcie_switch",
+                  pynvml.NVML_TOPOLOGY_MULTIPLE: "pcie_switches", pynvml.NVML_TOPOLOGY_HOSTBRIDGE: "host_bridge",
+                  pynvml.NVML_TOPOLOGY_NODE: "numa_node", pynvml.NVML_TOPOLOGY_SYSTEM: "system"}
+        links: dict[str, dict[str, str]] = {}
+        for i, a in enumerate(gpus):
+            for b in gpus[i + 1:]:
+                p2p = self._query(None, "nvmlDeviceGetP2PStatus", a.handle, b.handle,
+                                  pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+                if not isinstance(p2p, Unavailable) and p2p == pynvml.NVML_P2P_STATUS_OK:
+                    link: str | None = "nvlink"
+                else:
+                    level = self._query(None, "nvmlDeviceGetTopologyCommonAncestor", a.handle, b.handle)
+                    link = None if isinstance(level, Unavailable) else levels.get(int(level))
+                if link is not None:
+                    links.setdefault(a.identity.uuid, {})[b.identity.uuid] = link
+                    links.setdefault(b.identity.uuid, {})[a.identity.uuid] = link
+        for g in gpus:
+            if g.identity.uuid in links:
+                g.identity = replace(g.identity, peer_links=links[g.identity.uuid])
 
     def _mig_devices(self, parent: _Gpu) -> list[_Gpu]:
         """The MIG devices of `parent` (MIG on), in MIG index order, each a :class:`_Gpu` of its own.

@@ -72,6 +72,7 @@ _ROWS = (("gpuctl.config", "ConfigError", lambda e: ExitCode.CONFIG),
          ("gpuctl.fleet.reassign", "ReassignError", lambda e: ExitCode.USAGE),
          ("gpuctl.fleet.bootstrap", "BootstrapError", lambda e: ExitCode(e.exit_code)),
          ("gpuctl.fleet.leases", "AcquireError", lambda e: exit_code_for_node_code(e.code)),
+         ("gpuctl.fleet.job", "JobError", lambda e: exit_code_for_node_code(e.code)),
          ("gpuctl.fleet.client", "NodeError", lambda e: exit_code_for_node_code(e.code)))
 
 

@@ -14,6 +14,8 @@
   says so on stderr with the node's reason and exits 8 (LEASE_REVOKED) whatever CMD's status.
 - ``gpuctl run --native ... [--cwd DIR] -- CMD ARGS...``: the same, but CMD runs ON the leased
   node pinned natively to the slice (GPU UUID, MPS caps): see :mod:`gpuctl.fleet.native_run`.
+- ``gpuctl run --native --gpus N [--per-node K] [--nodes A,B] [--dry-run] -- CMD``: N whole GPUs
+  on one or more nodes, CMD on each with torchrun's rendezvous environment: see gpuctl.cli.job.
 
 Node choice (no ``--node``) and the grant are gpuctl.fleet.leases.acquire; the exit code of a
 refusal is its node error code's row of gpuctl.cli.errors.NODE_CODE_EXIT.
@@ -39,6 +41,7 @@ from gpuctl.cli.errors import UsageError, exit_code_for_node_code
 from gpuctl.cli.output import console, emit_json, err, fmt_bytes
 from gpuctl.cli.registry import Verb
 from gpuctl.exit_codes import ExitCode
+from gpuctl.fleet.native_run import forward_sigint as _forward_sigint
 
 #: Default lease ttl of `gpuctl lease` (nobody heartbeats it afterwards), seconds.
 LEASE_DEFAULT_TTL_S = 600.0
@@ -88,6 +91,11 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
                    "the current directory here, the login directory on an SSH node)")
     p.add_argument("--grace", type=_ttl, default=CHILD_GRACE_S, metavar="SECONDS",
                    help=f"seconds between SIGTERM and SIGKILL when CMD must end (default {CHILD_GRACE_S:g})")
+    p.add_argument("--per-node", type=int, metavar="K", help="multi-GPU job (--native): K whole GPUs on each node "
+                   "(default: the fewest nodes that hold --gpus N)")
+    p.add_argument("--nodes", metavar="A,B", help="multi-GPU job (--native): run on exactly these nodes, the first "
+                   "is rank 0 (MASTER_ADDR)")
+    p.add_argument("--dry-run", action="store_true", help="multi-GPU job: show the placement, lease nothing")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
                    help="the command, after --; it finds the lease in GPUCTL_ATTACH (--native: its GPU in "
                         "CUDA_VISIBLE_DEVICES)")
@@ -297,17 +305,6 @@ class _Heartbeat(threading.Thread):
                 self.err(f"heartbeat of lease {self.lease_id} failed, retrying: {e}")
 
 
-def _forward_sigint(count: int) -> bool:
-    """A SIGINT typed at the terminal already reached CMD (same foreground process group): forward
-    only the second, or one that came from elsewhere."""
-    try:
-        if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
-            return count >= 2
-    except OSError:
-        pass
-    return True
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     """`gpuctl run ... -- CMD ARGS`: lease, run CMD attached, release; CMD's exit status."""
     from gpuctl.fleet.client import NodeError
@@ -316,6 +313,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
+    from gpuctl.cli.job import is_job, run_job
+
+    if is_job(args):  # N whole GPUs on one or more nodes: gpuctl.fleet.job
+        return run_job(args, command)
     if not command:
         raise UsageError("run: give the command after --, e.g. gpuctl run --dept research --gpus 0.25 -- "
                          "python train.py")

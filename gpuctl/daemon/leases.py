@@ -9,7 +9,9 @@ sha256 of the token (the token itself is shown once, in the grant's answer, and 
 
 Rules:
 
-- A lease holds idle slices of one department on one GPU (slice choice: :mod:`gpuctl.leasing`).
+- A lease holds idle slices of one department on one GPU (slice choice: :mod:`gpuctl.leasing`);
+  a native lease given explicit ``slice_ids`` may hold several whole GPUs (a multi-GPU job's part
+  on this node, gpuctl.fleet.job): CUDA_VISIBLE_DEVICES lists their UUIDs.
   Its worker (``gpuctl.datapath.launcher.start_worker``) sees only that GPU, pinned by UUID
   (CUDA_VISIBLE_DEVICES = the GPU's UUID, CUDA_DEVICE_ORDER=PCI_BUS_ID; never the NVML index),
   with memory quota = sum of the slices' ``memory_quota_bytes`` and compute share = sum of their
@@ -340,10 +342,13 @@ class LeaseManager:
         caller_uid: uid of the API peer (the user of a native lease's program; None: unknown,
         gpuctld's own uid is assumed). Returns ``{"lease": Lease.to_json(), "generation", "token":
         hex, "endpoint": "host:port" (None for native), "attach": "tcp://host:port?lease=ID&token=HEX"
-        (None for native), "attach_kind": "remote" | "native", "gpu_index": NVML index of its GPU,
-        "gpu_uuid", "device_uuid" (the MIG device UUID for a MIG slice, else the GPU's), "mps": bool
+        (None for native), "attach_kind": "remote" | "native", "gpu_index": NVML index of its (first)
+        GPU, "gpu_uuid", "gpu_uuids" / "gpu_indices" (every GPU of the lease: several only for a native
+        lease of whole GPUs given by slice_ids), "device_uuid" (the MIG device UUID for a MIG slice,
+        the GPUs' UUIDs joined by "," for a multi-GPU lease, else the GPU's), "mps": bool
         (an MPS daemon caps it), "warnings": [str], "env": {name: value} (native: what the program
-        gets, see gpuctl.daemon.native.native_env)}``.
+        gets, see gpuctl.daemon.native.native_env), "data_address" (native: the node's data-path
+        advertise address, where a distributed job's rendezvous is reached)}``.
         Raises RequestIdReused, InsufficientSlices, UnknownSlice, WrongOwner, SliceLeased,
         GpuMissing, InvalidRequest (slice_ids on several GPUs), MpsUnavailable, WorkerStartFailed,
         StateWriteError; nothing changes when it raises.
@@ -359,7 +364,8 @@ class LeaseManager:
                       else self._choose(list(snap.slices.values()), req))
             gpu_uuid = chosen[0].gpu_uuid
             gpu_index = self.gpu_index[gpu_uuid]
-            device_uuid = self.device_uuid.get(chosen[0].id, gpu_uuid) if len(chosen) == 1 else gpu_uuid
+            gpu_uuids = list(dict.fromkeys(s.gpu_uuid for s in chosen))  # several: a native multi-GPU lease
+            device_uuid = self.device_uuid.get(chosen[0].id, gpu_uuid) if len(chosen) == 1 else ",".join(gpu_uuids)
             quota = sum(s.memory_quota_bytes for s in chosen)
             # the cap bounds host memory a NumPy worker may hold; a native program holds none of it here
             quota, quota_note = (self.quota_cap.apply(quota) if self.quota_cap and req.attach != "native"
@@ -418,12 +424,15 @@ class LeaseManager:
                       "endpoint": endpoint, "attach": f"tcp://{endpoint}?lease={lease_id}&token={token.hex()}"
                       if endpoint else None, "attach_kind": req.attach, "gpu_index": gpu_index,
                       "gpu_uuid": gpu_uuid, "device_uuid": device_uuid, "mps": mps_daemon is not None,
+                      "gpu_uuids": gpu_uuids, "gpu_indices": [self.gpu_index[u] for u in gpu_uuids],
                       "warnings": warnings, "memory_quota_bytes": quota, "compute_share": share,
                       "quota_bytes": quota}
             if quota_note is not None:
                 answer["quota_cap"] = quota_note
             if req.attach == "native":
                 from gpuctl.daemon.native import native_env
+
+                answer["data_address"] = self.advertise  # where a distributed job's rendezvous is reached
 
                 pipe = log_dir = None
                 if mps_daemon is not None:
@@ -497,8 +506,11 @@ class LeaseManager:
             chosen.append(s)
         gpus = sorted({s.gpu_uuid for s in chosen})
         if len(gpus) > 1:
-            raise InvalidRequest(f"slice_ids are on {len(gpus)} GPUs ({', '.join(gpus)}); a lease holds slices "
-                                 f"of one GPU", field="slice_ids")
+            whole = all(s.fraction >= 1 - 1e-9 and not s.mig for s in chosen) and len(gpus) == len(chosen)
+            if req.attach != "native" or not whole:
+                raise InvalidRequest(f"slice_ids are on {len(gpus)} GPUs ({', '.join(gpus)}); a lease holds slices "
+                                     f"of one GPU (only a native lease may hold several whole GPUs, one slice "
+                                     f"each)", field="slice_ids")
         return tuple(chosen)
 
     def heartbeat(self, lease_id: str) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Any, BinaryIO
 
 #: The line the wrapper writes to stderr before the program starts (then removed from the stream).
@@ -185,18 +186,68 @@ class SshProcess:
 
 
 class LocalProcess(subprocess.Popen):
-    """A native program on this machine (the node's transport is local): a plain child process."""
+    """A native program on this machine (the node's transport is local): a plain child process.
+
+    With `out` / `err` (binary writers, e.g. a multi-node job's prefixed streams) its stdout /
+    stderr are piped to them by two threads, and :meth:`wait` returns once both have drained
+    (at most PUMP_DRAIN_S after the program's end: a grandchild may hold the pipe open)."""
 
     shares_terminal = True  # a Ctrl-C typed here reaches it directly (same foreground process group)
 
+    def __init__(self, *args: Any, out: Any = None, err: Any = None, **kwargs: Any):
+        self._pumps: list[threading.Thread] = []
+        self._ended_at: float | None = None
+        if out is not None:
+            kwargs["stdout"] = subprocess.PIPE
+        if err is not None:
+            kwargs["stderr"] = subprocess.PIPE
+        super().__init__(*args, **kwargs)
+        self._pumps = [threading.Thread(target=_copy, args=(src, dst), daemon=True, name="gpuctl-native-out")
+                       for src, dst in ((self.stdout, out), (self.stderr, err)) if dst is not None]
+        for t in self._pumps:
+            t.start()
+
+    def wait(self, timeout: float | None = None) -> int:
+        rc = super().wait(timeout)
+        for t in self._pumps:
+            t.join(PUMP_DRAIN_S)
+        return rc
+
+    def poll(self) -> int | None:
+        """The exit status once the program has ended and its output is drained (or
+        PUMP_DRAIN_S have passed since its end), else None."""
+        rc = super().poll()
+        if rc is None or not any(t.is_alive() for t in self._pumps):
+            return rc
+        if self._ended_at is None:
+            self._ended_at = time.monotonic()
+        return rc if time.monotonic() - self._ended_at > PUMP_DRAIN_S else None
+
+
+#: How long a local program's output pumps may run on after it ended, seconds.
+PUMP_DRAIN_S = 5.0
+
+
+def _copy(src: BinaryIO, dst: Any) -> None:
+    """Copy a pipe to a writer until end of file."""
+    try:
+        while True:
+            data = src.read1(65536) if hasattr(src, "read1") else src.read(65536)
+            if not data:
+                break
+            dst.write(data)
+    except (OSError, ValueError):
+        pass
+
 
 def start_native(node: Any, transport: Any, answer: dict[str, Any], command: list[str],
-                 cwd: str | None = None) -> Any:
+                 cwd: str | None = None, *, stdout: Any = None, stderr: Any = None) -> Any:
     """Start `command` natively for the granted lease `answer` (it must hold ``env``).
 
     node: the fleet config's node (``transport`` is "local" or "ssh"). transport: that node's
     open transport (NodeClient.transport()). cwd: the directory on the node (local default: the
-    current one; SSH default: the login directory). Returns LocalProcess or SshProcess. Raises
+    current one; SSH default: the login directory). stdout/stderr: binary writers the program's
+    output goes to (default: gpuctl's own). Returns LocalProcess or SshProcess. Raises
     NativeStartError (127: not found, 126: not executable or bad --cwd) for a local program;
     TransportError for an SSH node that cannot be reached.
     """
@@ -208,14 +259,14 @@ def start_native(node: Any, transport: Any, answer: dict[str, Any], command: lis
         full = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
         full.update(env)
         try:
-            return LocalProcess(command, env=full, cwd=cwd)
+            return LocalProcess(command, env=full, cwd=cwd, out=stdout, err=stderr)
         except FileNotFoundError as e:
             if cwd and not os.path.isdir(cwd):
                 raise NativeStartError(f"--cwd {cwd}: no such directory", 126) from None
             raise NativeStartError(f"cannot start {command[0]!r}: {e.strerror or e}", 127) from None
         except OSError as e:
             raise NativeStartError(f"cannot start {command[0]!r}: {e.strerror or e}", 126) from None
-    return SshProcess(transport, command, env, cwd)
+    return SshProcess(transport, command, env, cwd, stdout=stdout, stderr=stderr)
 
 
 def record_pid(client: Any, lease_id: str, proc: Any, err: Any) -> None:
@@ -229,6 +280,19 @@ def record_pid(client: Any, lease_id: str, proc: Any, err: Any) -> None:
     except Exception as e:  # noqa: BLE001 - attribution is not worth failing the run for
         if proc.poll() is None:
             err(f"could not record process {pid} with lease {lease_id}: {e}")
+
+
+def forward_sigint(count: int) -> bool:
+    """Whether gpuctl forwards its `count`-th SIGINT to a program that shares its terminal: a
+    SIGINT typed at the terminal already reached it (same foreground process group), so only the
+    second is forwarded, or one that came from elsewhere (no terminal, or gpuctl not in the
+    foreground)."""
+    try:
+        if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
+            return count >= 2
+    except OSError:
+        pass
+    return True
 
 
 def describe_env(env: dict[str, str]) -> str:

@@ -242,7 +242,28 @@ class FakeNvml:
         spec = self._device("nvmlDeviceGetAttributes", handle)
         return SimpleNamespace(**self._value(spec, "attributes", {"multiprocessorCount": 132}))
 
+    def _pair(self, function: str, a: FakeHandle, b: FakeHandle) -> Any:
+        """The case's ``topology`` entry of GPUs (a, b) ("i,j" with i < j); NOT_SUPPORTED when none."""
+        assert isinstance(a, FakeHandle) and isinstance(b, FakeHandle), f"{function} called with {a!r}, {b!r}"
+        self.calls.append((function, a.index, {"peer": b.index}))
+        lo, hi = sorted((a.index, b.index))
+        link = self.case.get("topology", {}).get(f"{lo},{hi}")
+        if link is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return link
+
+    def nvmlDeviceGetP2PStatus(self, a: FakeHandle, b: FakeHandle, caps_index: int) -> int:
+        assert caps_index == pynvml.NVML_P2P_CAPS_INDEX_NVLINK
+        link = self._pair("nvmlDeviceGetP2PStatus", a, b)
+        return pynvml.NVML_P2P_STATUS_OK if link == "nvlink" else pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: FakeHandle, b: FakeHandle) -> int:
+        """The case's level for the pair (an NVML_TOPOLOGY_* number; "nvlink" pairs answer SINGLE)."""
+        link = self._pair("nvmlDeviceGetTopologyCommonAncestor", a, b)
+        return pynvml.NVML_TOPOLOGY_SINGLE if link == "nvlink" else int(link)
+
     FUNCTIONS = (
+        "nvmlDeviceGetP2PStatus", "nvmlDeviceGetTopologyCommonAncestor",
         "nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetUUID",
         "nvmlDeviceGetName", "nvmlDeviceGetPciInfo", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates",
         "nvmlDeviceGetTemperature", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetClockInfo", "nvmlDeviceGetMigMode",
