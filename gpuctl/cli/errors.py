@@ -98,3 +98,13 @@ def exit_code_for(exc: BaseException) -> ExitCode:
     """
     code = known_exit_code(exc)
     return ExitCode.FAILURE if code is None else code
+
+
+def error_document(code: int, message: str) -> dict:
+    """The ``--json`` answer of a verb that failed: ``{"error": {"code": <exit code>, "name":
+    <ExitCode name>, "message": <the stderr message, without the "gpuctl: " prefix>}}``."""
+    try:
+        name = ExitCode(code).name
+    except ValueError:
+        name = None
+    return {"error": {"code": int(code), "name": name, "message": message}}

@@ -20,9 +20,21 @@ def err(msg: str) -> None:
     print(f"gpuctl: {msg}", file=sys.stderr, flush=True)
 
 
+#: Set once a verb wrote its JSON document: an error raised after it adds no second document.
+_emitted = False
+
+
 def emit_json(doc: Any) -> None:
     """`doc` as indented JSON on stdout (the ``--json`` output of every verb)."""
+    global _emitted
+    _emitted = True
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    sys.stdout.flush()
+
+
+def json_emitted() -> bool:
+    """True once :func:`emit_json` wrote a document in this process."""
+    return _emitted
 
 
 def console(*, stderr: bool = False):
