@@ -117,10 +117,31 @@ def _when(t: float) -> str:
     return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t))} (in {max(0, left):.0f} s)"
 
 
-def _lease_doc(node: str, answer: dict[str, Any]) -> dict[str, Any]:
+def granted_gpus(answer: dict[str, Any]) -> float | None:
+    """GPU-equivalents a grant holds (the sum of its slices' fractions: the daemon's
+    ``gpu_equivalents``; its ``compute_share`` for a daemon that predates that field)."""
+    value = answer.get("gpu_equivalents", answer.get("compute_share"))
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def granted_label(answer: dict[str, Any], asked_gpus: float | None) -> str:
+    """What was granted, in words: ``1/2 GPU (asked 0.3: the smallest idle slices covering it)``."""
+    from gpuctl.format import fraction_label
+
+    got = granted_gpus(answer)
+    if got is None:
+        return "unknown"
+    text = f"{fraction_label(got)} GPU"
+    if asked_gpus is not None and got > asked_gpus + 1e-9:
+        text += f" (asked {asked_gpus:g}: the smallest idle slices covering it)"
+    return text
+
+
+def _lease_doc(node: str, answer: dict[str, Any], asked_gpus: float | None = None) -> dict[str, Any]:
     doc = {"node": node, "lease": answer["lease"], "gpu_index": answer.get("gpu_index"),
            "endpoint": answer["endpoint"], "token": answer["token"], "attach": answer["attach"],
-           "quota_bytes": answer.get("quota_bytes")}
+           "quota_bytes": answer.get("quota_bytes"), "gpu_equivalents": granted_gpus(answer),
+           "asked_gpu_equivalents": asked_gpus}
     if answer.get("quota_cap"):
         doc["quota_cap"] = answer["quota_cap"]
     return doc
@@ -157,11 +178,12 @@ def cmd_lease(args: argparse.Namespace) -> int:
     if note := _quota_note(node, answer):
         err(note)
     if args.json:
-        emit_json(_lease_doc(node, answer))
+        emit_json(_lease_doc(node, answer, args.gpus))
     else:
         print(f"lease      {lease['id']}")
         print(f"node       {node}")
         print(f"department {lease['department']}")
+        print(f"granted    {granted_label(answer, args.gpus)}")
         print(f"slices     {', '.join(lease['slice_ids'])} (GPU {answer.get('gpu_index')})")
         print(f"endpoint   {answer['endpoint']}")
         print(f"expires    {_when(lease['expires_s'])}, ttl {lease['ttl_s']:g} s")
@@ -331,7 +353,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         node, answer = acquire(fleet, dept=args.dept, count=args.slices, gpus=args.gpus, node=args.node,
                                ttl_s=args.ttl, attach="native" if native else None)
         lease_id = answer["lease"]["id"]
-        err(_describe_lease(node, answer["lease"], answer.get("gpu_index")))
+        err(f"{_describe_lease(node, answer['lease'], answer.get('gpu_index'))}; granted "
+            f"{granted_label(answer, args.gpus)}")
         if note := _quota_note(node, answer):
             err(note)
         for warning in answer.get("warnings") or []:

@@ -419,7 +419,7 @@ class LeaseManager:
                       if endpoint else None, "attach_kind": req.attach, "gpu_index": gpu_index,
                       "gpu_uuid": gpu_uuid, "device_uuid": device_uuid, "mps": mps_daemon is not None,
                       "warnings": warnings, "memory_quota_bytes": quota, "compute_share": share,
-                      "quota_bytes": quota}
+                      "quota_bytes": quota, "gpu_equivalents": round(sum(s.fraction for s in chosen), 9)}
             if quota_note is not None:
                 answer["quota_cap"] = quota_note
             if req.attach == "native":
