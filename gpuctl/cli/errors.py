@@ -43,6 +43,10 @@ NODE_CODE_EXIT: dict[str, ExitCode] = {
     "stale_generation": ExitCode.CONFLICT,
     "gpu_missing": ExitCode.CONFLICT,
     "mps_unavailable": ExitCode.CONFLICT,
+    "mixed_owners": ExitCode.CONFLICT,
+    "unknown_gpu": ExitCode.USAGE,
+    "unknown_node": ExitCode.USAGE,
+    "nothing_to_do": ExitCode.NOTHING_TO_DO,
     "mig_read_only": ExitCode.CONFLICT,
     "slice_not_leasable": ExitCode.CONFLICT,
     "deadline_passed": ExitCode.UNREACHABLE,
@@ -72,6 +76,7 @@ _ROWS = (("gpuctl.config", "ConfigError", lambda e: ExitCode.CONFIG),
          ("gpuctl.fleet.reassign", "ReassignError", lambda e: ExitCode.USAGE),
          ("gpuctl.fleet.bootstrap", "BootstrapError", lambda e: ExitCode(e.exit_code)),
          ("gpuctl.fleet.leases", "AcquireError", lambda e: exit_code_for_node_code(e.code)),
+         ("gpuctl.fleet.split", "SplitError", lambda e: exit_code_for_node_code(e.code)),
          ("gpuctl.fleet.client", "NodeError", lambda e: exit_code_for_node_code(e.code)))
 
 

@@ -28,6 +28,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "status": ("gpuctl.cli.fleet:status", "per-node GPU telemetry and slice owners"),
     "departments": ("gpuctl.cli.fleet:departments", "slices owned by each department, in GPU-equivalents per node"),
     "reassign": ("gpuctl.cli.fleet:reassign", "move slices from one department to another"),
+    "split": ("gpuctl.cli.split:split", "split one GPU into slices (e.g. --into 1/2,1/4,1/4) while none is leased"),
+    "merge": ("gpuctl.cli.split:merge", "merge one GPU's slices into one whole slice (--to DEPT for several owners)"),
     "config": ("gpuctl.cli.configuration", "fleet config tools"),
     "demo": ("gpuctl.cli.console:demo",
              "start simulated node daemons (gpuctld --backend simulated) and open the console on them"),
