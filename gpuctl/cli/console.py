@@ -57,12 +57,25 @@ def cmd_console(args: argparse.Namespace) -> int:
         fleet.close()
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"must be 0..86400 seconds, got {text}")
+    return value
+
+
 def _demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4)")
     p.add_argument("--gpus", type=int, default=8, help="GPUs per node (default 8)")
     p.add_argument("--seed", type=int, default=0, help="simulation seed (default 0)")
     p.add_argument("--no-console", action="store_true",
                    help="start the daemons, print the config path and wait (Ctrl-C or SIGTERM stops them)")
+    p.add_argument("--restart-after", type=_seconds, metavar="SECONDS",
+                   help="with --no-console: restart a node whose gpuctld died after SECONDS (default: only on "
+                        "SIGUSR1 to this process)")
     p.add_argument("--write-config", metavar="FILE",
                    help="also write the demo fleet's config to FILE (use it with --config or GPUCTL_CONFIG)")
     p.add_argument("--history", metavar="DURATION", help="give the nodes a simulated usage past (e.g. 30d)")
@@ -87,12 +100,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 raise DurationError(f"--history must be more than 0 and at most 400d, got {args.history!r}")
         except DurationError as e:
             raise UsageError(f"--history: {e}" if not str(e).startswith("--history") else str(e)) from None
+    if args.restart_after is not None and not args.no_console:
+        raise UsageError("--restart-after: only with --no-console (in the console, restart a node with "
+                         "`:node NAME restart`, or send SIGUSR1 to gpuctl)")
     if not args.no_console:
         require_terminal()
     with demo_fleet(args.nodes, args.gpus, args.seed, write_config=args.write_config,
                     history=args.history) as fleet:
         if args.no_console:
-            return serve_without_console(fleet, json_out=args.json)
+            return serve_without_console(fleet, json_out=args.json, restart_after_s=args.restart_after)
         cfg = load(fleet.config_path)
         client = FleetClient(cfg, default_transport_factory())
         try:
