@@ -44,6 +44,7 @@ NODE_CODE_EXIT: dict[str, ExitCode] = {
     "gpu_missing": ExitCode.CONFLICT,
     "mps_unavailable": ExitCode.CONFLICT,
     "mixed_owners": ExitCode.CONFLICT,
+    "gpu_present": ExitCode.CONFLICT,
     "unknown_gpu": ExitCode.USAGE,
     "unknown_node": ExitCode.USAGE,
     "nothing_to_do": ExitCode.NOTHING_TO_DO,

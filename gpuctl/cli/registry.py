@@ -39,7 +39,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "renew": ("gpuctl.cli.leases:renew", "heartbeat a lease: its expiry moves to now + its ttl"),
     "leases": ("gpuctl.cli.leases:leases", "every lease of the fleet"),
     "run": ("gpuctl.cli.leases:run", "lease slices, run a command attached to them, release when it ends"),
-    "node": ("gpuctl.cli.node", "node tools: install gpuctld on a node"),
+    "node": ("gpuctl.cli.node", "node tools: install gpuctld on a node (bootstrap), retire a replaced GPU (forget-gpu)"),
     "schedule": ("gpuctl.cli.schedule", "reassignments the nodes execute at a time: add, list, cancel"),
     "plan": ("gpuctl.cli.plan", "plans of department ownership over time: check, show, apply"),
     "audit": ("gpuctl.cli.audit", "who changed what on the nodes, merged, newest last"),

@@ -233,6 +233,7 @@ class ControlApi:
         self.add_route("GET", "/v1/slices", self.slices)
         self.add_route("POST", "/v1/assign", self.assign)
         self.add_route("POST", "/v1/split", self.split)
+        self.add_route("POST", "/v1/gpus/forget", self.forget_gpu)
         self.add_route("GET", "/v1/requests/", self.request_answer, prefix=True)
 
     def add_route(self, method: str, path: str, handler: Handler, *, prefix: bool = False) -> None:
@@ -367,6 +368,16 @@ class ControlApi:
         finally:
             for hook in self.assign_hooks:
                 hook()
+
+    def forget_gpu(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
+        """POST /v1/gpus/forget ``{"request_id", "generation", "gpu_uuid"}``: retire a GPU the
+        backend no longer reports (NodeStateManager.forget_gpu)."""
+        data = request.json_object()
+        _no_unknown(data, {"request_id", "generation", "gpu_uuid"})
+        rid, gen = _request_id(data), _generation(data)
+        gpu_uuid = _get(data, "gpu_uuid", str, "gpu_uuid")
+        request.note = f"request_id={rid}"
+        return 200, self.state.forget_gpu(rid, gen, gpu_uuid)
 
     def split(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
         """POST /v1/split: validate the body, then NodeStateManager.split."""

@@ -41,6 +41,7 @@ from typing import Any, Callable
 from gpuctl.daemon.durable import write_atomically
 from gpuctl.daemon.errors import (  # noqa: F401 - the state manager's refusals, re-exported
     DaemonError,
+    GpuPresent,
     StateError,
     StaleGeneration,
     WrongOwner,
@@ -600,6 +601,42 @@ class NodeStateManager:
                       "replayed": False}
             self._record(new, request_id, "split", answer)
             self._commit(new)
+            return answer
+
+    def forget_gpu(self, request_id: str, generation: int, gpu_uuid: str) -> dict[str, Any]:
+        """Retire a GPU the backend no longer reports (replaced, removed): its slices leave the
+        state, so it no longer counts anywhere. Returns ``{"generation", "gpu_uuid", "forgotten":
+        [slice ids], "departments": {dept: GPU-equivalents it held}, "replayed": False}``; a request
+        id seen before returns its recorded answer. Raises StaleGeneration, UnknownGpu (no slice of
+        it in the state), GpuPresent (the backend reports it: it is not missing), SliceLeased (a
+        lease holds one of its slices: release or let it expire first), RequestIdReused,
+        StateWriteError."""
+        with self._lock:
+            replay = self._replay(request_id, "forget_gpu")
+            if replay is not None:
+                return replay
+            self._check_generation(generation)
+            old = self._state.slices_of(gpu_uuid)
+            if not old:
+                raise UnknownGpu(f"no GPU {gpu_uuid!r} in this node's state", field="gpu_uuid")
+            if gpu_uuid in self.gpus:
+                raise GpuPresent(f"GPU {gpu_uuid} is reported by the backend (index {self.gpus[gpu_uuid].index}): "
+                                 f"only a missing GPU is forgotten", field="gpu_uuid")
+            leased = [s for s in old if s.lease_id is not None]
+            if leased:
+                names = ", ".join(f"{s.id} (lease {s.lease_id})" for s in leased)
+                raise SliceLeased(f"GPU {gpu_uuid} cannot be forgotten while slices are leased: {names}; release "
+                                  f"the lease(s) first", field="gpu_uuid")
+            new = self._state.copy()
+            held: dict[str, float] = {}
+            for s in old:
+                del new.slices[s.id]
+                held[s.department] = held.get(s.department, 0.0) + s.fraction
+            answer = {"generation": self._state.generation + 1, "gpu_uuid": gpu_uuid,
+                      "forgotten": [s.id for s in old], "departments": held, "replayed": False}
+            self._record(new, request_id, "forget_gpu", answer)
+            self._commit(new)
+            self.missing_gpus.discard(gpu_uuid)
             return answer
 
     def add_lease(self, lease: Lease) -> int:
