@@ -16,16 +16,22 @@ from gpuctl.exit_codes import ExitCode
 from gpuctl.fleet.source import LiveFleetSource
 
 
-def run_console(source, *, readonly: bool = False, theme: str | None = None, refresh_s: float = 1.0) -> int:
+def run_console(source, *, readonly: bool = False, theme: str | None = None, refresh_s: float = 1.0,
+                theme_from: str | None = None) -> int:
     """Open the Textual console on `source`, a gpuctl.fleet.source.FleetSource (blocks until the
-    user quits). Raises UsageError for an unknown theme (the message lists the known ones) or
-    without a terminal."""
+    user quits). Raises UsageError for an unknown --theme (the message lists the known ones) or
+    without a terminal; gpuctl.config.ConfigError naming the file when the theme came from the
+    fleet config (`theme_from`: its path)."""
     from gpuctl.app import UnknownThemeError, build_app
 
     require_terminal()
     try:
         app = build_app(source, readonly=readonly, theme=theme, refresh_s=refresh_s)
     except UnknownThemeError as exc:
+        if theme_from is not None:
+            from gpuctl.config import ConfigError
+
+            raise ConfigError(theme_from, f"{exc} (`gpuctl config check` checks it)", key="theme") from None
         raise UsageError(f"--theme: {exc}") from None
     app.run()
     if app.return_code not in (None, 0):
@@ -51,8 +57,10 @@ def cmd_console(args: argparse.Namespace) -> int:
 
         source = source_for(cfg, source)
     try:
+        flag_theme = getattr(args, "theme", None)
         return run_console(source, readonly=bool(getattr(args, "readonly", False)),
-                           theme=getattr(args, "theme", None) or cfg.theme, refresh_s=cfg.refresh_s)
+                           theme=flag_theme or cfg.theme, refresh_s=cfg.refresh_s,
+                           theme_from=None if flag_theme else str(cfg.path))
     finally:
         fleet.close()
 
