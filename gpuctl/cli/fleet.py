@@ -14,7 +14,7 @@ from typing import Any
 
 from gpuctl.cli.context import check_node, load_config, open_fleet
 from gpuctl.cli.errors import UsageError
-from gpuctl.cli.output import confirm, console, emit_json, err, fraction_label, interactive, na
+from gpuctl.cli.output import confirm, console, emit_json, err, fraction_label, interactive, na, print_table
 from gpuctl.cli.registry import Verb
 from gpuctl.exit_codes import ExitCode
 from gpuctl.format import human_bytes, memory_label, power, temperature
@@ -119,7 +119,7 @@ def _print_status(snapshot, cfg) -> None:
                 temperature(s.temperature_c if s else None),
                 power(s.power_w if s else None),
                 slices)
-        con.print(t)
+        print_table(t)
         for g in n.gpus:
             for p in g.outside_processes or []:
                 con.print(Text(f"GPU {g.identity.index}: outside gpuctl: pid {p['pid']} "
@@ -185,7 +185,7 @@ def cmd_departments(args: argparse.Namespace) -> int:
             t.add_row(r["name"], na(r["priority"]),
                       *[f"{r['per_node'].get(nn, 0):g}" for nn in node_names],
                       f"{r['gpu_equivalents']:g}", f"{r['busy_gpu_equivalents']:g}")
-        console().print(t)
+        print_table(t)
     for name in doc["unreachable_nodes"]:
         err(f"node {name} unreachable: its slices are not counted")
     return ExitCode.UNREACHABLE if doc["unreachable_nodes"] else ExitCode.OK
@@ -201,13 +201,12 @@ def _print_plan(p) -> None:
         t.add_column(col, no_wrap=True)
     for m in p.moves:
         t.add_row(m.node, str(m.gpu_index), m.slice_id, fraction_label(m.fraction), "yes" if m.leased else "")
-    console(stderr=True).print(t)
+    print_table(t, stderr=True)
 
 
 def _print_reassign(result) -> None:
     from rich.table import Table
 
-    con = console()
     req = result.plan.request
     verb = "would move" if req.dry_run else "moved"
     rows = ([(m, verb if not req.dry_run else "planned") for m in (result.plan.moves if req.dry_run else result.moved)]
@@ -222,7 +221,7 @@ def _print_reassign(result) -> None:
         for m, what in rows:
             t.add_row(m.node, str(m.gpu_index), m.slice_id, fraction_label(m.fraction),
                       f"{what} (from {m.owner})" if m.owner else what)
-        con.print(t)
+        print_table(t)
 
 
 def _reassign_messages(result) -> None:

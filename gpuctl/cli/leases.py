@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from gpuctl.cli.context import check_node, load_config, open_fleet
 from gpuctl.cli.errors import UsageError, exit_code_for_node_code
-from gpuctl.cli.output import console, emit_json, err, fmt_bytes
+from gpuctl.cli.output import emit_json, err, fmt_bytes, print_table
 from gpuctl.cli.registry import Verb
 from gpuctl.exit_codes import ExitCode
 
@@ -224,7 +224,7 @@ def cmd_leases(args: argparse.Namespace) -> int:
             t.add_row(r["id"], r["node"], r["department"], r["owner"], str(r.get("gpu_index", "?")),
                       str(len(r["slice_ids"])), r.get("endpoint") or "-", f"{max(0, r['expires_s'] - now):.0f} s",
                       fmt_bytes(usage.get("memory_in_use_bytes")))
-        console().print(t)
+        print_table(t)
     for name, why in errors.items():
         err(f"node {name} unreachable: its leases are not listed ({why})")
     return ExitCode.UNREACHABLE if errors else ExitCode.OK
