@@ -31,7 +31,7 @@ def _departments_arguments(p: argparse.ArgumentParser) -> None:
 
 def _reassign_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="src", required=True, metavar="DEPT",
-                   help="department giving slices ('unassigned' for new GPUs; 'any': idle slices of the "
+                   help="department giving slices ('unassigned' for new GPUs; 'any': free slices of the "
                         "unassigned pool, then of the lowest-priority departments)")
     p.add_argument("--to", dest="dst", required=True, metavar="DEPT", help="department receiving them")
     amount = p.add_mutually_exclusive_group(required=True)
@@ -147,12 +147,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def departments_json(snapshot, cfg) -> dict[str, Any]:
     """Per department (gpuctl.model.department_totals: config order, then departments only the
-    fleet knows, unassigned last): GPU-equivalents owned per node, busy (leased) and in all."""
+    fleet knows, unassigned last): GPU-equivalents owned per node, leased and in all."""
     rows = []
     for t in department_totals(snapshot, [d.name for d in cfg.departments]):
         dept = cfg.department(t.name)
         row = {"name": t.name, "priority": dept.priority if dept else None, "gpu_equivalents": t.gpu_equivalents,
-               "busy_gpu_equivalents": t.leased_gpu_equivalents, "slices": t.slices, "per_node": t.per_node}
+               "leased_gpu_equivalents": t.leased_gpu_equivalents, "slices": t.slices, "per_node": t.per_node}
         if dept is None and t.name != UNASSIGNED:
             row["unknown"] = True
         rows.append(row)
@@ -180,11 +180,11 @@ def cmd_departments(args: argparse.Namespace) -> int:
         for name in node_names:
             t.add_column(name, justify="right")
         t.add_column("total", justify="right")
-        t.add_column("busy", justify="right")
+        t.add_column("leased", justify="right")
         for r in doc["departments"]:
             t.add_row(r["name"], na(r["priority"]),
                       *[f"{r['per_node'].get(nn, 0):g}" for nn in node_names],
-                      f"{r['gpu_equivalents']:g}", f"{r['busy_gpu_equivalents']:g}")
+                      f"{r['gpu_equivalents']:g}", f"{r['leased_gpu_equivalents']:g}")
         print_table(t)
     for name in doc["unreachable_nodes"]:
         err(f"node {name} unreachable: its slices are not counted")

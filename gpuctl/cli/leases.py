@@ -19,7 +19,7 @@ Node choice (no ``--node``) and the grant are gpuctl.fleet.leases.acquire; the e
 refusal is its node error code's row of gpuctl.cli.errors.NODE_CODE_EXIT.
 
 Exit codes (README): 0 OK; 2 USAGE (bad flags, unknown department or node); 4 NOTHING_TO_DO (no
-idle slices of the department cover the request on one GPU; ``release``: no such lease); 6
+free slices of the department cover the request on one GPU; ``release``: no such lease); 6
 CONFLICT (the slices changed owner or were leased meanwhile, or MPS on the GPU serves another user);
 7 UNREACHABLE; 1 FAILURE (the node could not start the lease's worker); 8 LEASE_REVOKED (run).
 """
@@ -62,7 +62,7 @@ def _ttl(text: str) -> float:
 
 
 def _amount_args(p: argparse.ArgumentParser, ttl_default: float) -> None:
-    p.add_argument("--dept", required=True, metavar="DEPT", help="department whose idle slices to lease")
+    p.add_argument("--dept", required=True, metavar="DEPT", help="department whose free slices to lease")
     amount = p.add_mutually_exclusive_group(required=True)
     amount.add_argument("--gpus", type=float, metavar="X", help="GPU-equivalents, 0 < X <= 1 (e.g. 0.25)")
     amount.add_argument("--slices", type=int, metavar="N", help="number of slices (of one GPU)")
@@ -125,7 +125,7 @@ def granted_gpus(answer: dict[str, Any]) -> float | None:
 
 
 def granted_label(answer: dict[str, Any], asked_gpus: float | None) -> str:
-    """What was granted, in words: ``1/2 GPU (asked 0.3: the smallest idle slices covering it)``."""
+    """What was granted, in words: ``1/2 GPU (asked 0.3: the smallest free slices covering it)``."""
     from gpuctl.format import fraction_label
 
     got = granted_gpus(answer)
@@ -133,7 +133,7 @@ def granted_label(answer: dict[str, Any], asked_gpus: float | None) -> str:
         return "unknown"
     text = f"{fraction_label(got)} GPU"
     if asked_gpus is not None and got > asked_gpus + 1e-9:
-        text += f" (asked {asked_gpus:g}: the smallest idle slices covering it)"
+        text += f" (asked {asked_gpus:g}: the smallest free slices covering it)"
     return text
 
 
@@ -266,7 +266,7 @@ def cmd_release(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"node": holder, **answer})
     else:
-        print(f"released {args.lease_id} on {holder}: {len(answer['slice_ids'])} slice(s) idle"
+        print(f"released {args.lease_id} on {holder}: {len(answer['slice_ids'])} slice(s) free"
               + (f", drained moves applied to {', '.join(answer['drained'])}" if answer.get("drained") else ""))
     return ExitCode.OK
 

@@ -111,7 +111,7 @@ def _print_table(report: dict[str, Any], suggestions: list[dict[str, Any]] | Non
     console = Console(highlight=False)
     if suggestions is not None:
         if not suggestions:
-            console.print("nothing to move: no lease was refused for lack of idle slices in this period")
+            console.print("nothing to move: no lease was refused for lack of free slices in this period")
         for s in suggestions:
             if s["command"]:
                 console.print(f"{s['to']} (priority {s['to_priority']}) had {s['refusals']} lease request(s) refused; "

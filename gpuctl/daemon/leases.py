@@ -471,8 +471,8 @@ class LeaseManager:
         pick = best_pick(slices, req.department, self.gpu_index, count=req.slices, gpus=req.gpus)
         if pick is None:
             raise InsufficientSlices(
-                f"node {self.hostname}: no GPU has idle slices of department {req.department!r} covering "
-                f"{describe_amount(req.slices, req.gpus)} (a lease holds slices of one GPU); idle slices of "
+                f"node {self.hostname}: no GPU has free slices of department {req.department!r} covering "
+                f"{describe_amount(req.slices, req.gpus)} (a lease holds slices of one GPU); free slices of "
                 f"{req.department}: {describe_idle(slices, req.department, self.gpu_index)}",
                 field="slices" if req.slices is not None else "gpus")
         return pick.slices

@@ -71,8 +71,8 @@ def acquire(fleet: Any, *, dept: str, count: int | None, gpus: float | None, nod
                 f"{n.name}: " + describe_idle(n.slices(), dept, {g.identity.uuid: g.identity.index
                                                                   for g in n.gpus if g.identity.index >= 0})
                 for n in snap.nodes if n.reachable)
-            msg = (f"no node has idle slices of {dept!r} covering {describe_amount(count, gpus)} on one GPU "
-                   f"(a lease holds slices of one GPU); idle slices of {dept}: {idle or 'no node reachable'}")
+            msg = (f"no node has free slices of {dept!r} covering {describe_amount(count, gpus)} on one GPU "
+                   f"(a lease holds slices of one GPU); free slices of {dept}: {idle or 'no node reachable'}")
             if unreachable:
                 msg += f"; unreachable: {', '.join(unreachable)}"
             raise AcquireError(msg, "unreachable" if unreachable else "insufficient_slices")

@@ -317,7 +317,7 @@ def plan(snapshot: FleetSnapshot, req: ReassignRequest, already: list[Move] | No
             p.replay_complete = True
             return p
         if len(cands) < want:
-            p.shortfall = (f"only {len(cands)} idle slice(s) of {req.src} can move, {want} asked"
+            p.shortfall = (f"only {len(cands)} free slice(s) of {req.src} can move, {want} asked"
                            f"{leased_note}")
             return p
         p.moves = cands[:want]
@@ -336,7 +336,7 @@ def plan(snapshot: FleetSnapshot, req: ReassignRequest, already: list[Move] | No
                 break
     if left > _EPS:
         have = sum(m.fraction for m in cands)
-        p.shortfall = (f"cannot make {want_g:g} GPU-equivalents from the idle slices of {req.src} "
+        p.shortfall = (f"cannot make {want_g:g} GPU-equivalents from the free slices of {req.src} "
                        f"({have:g} available in fractions that do not add up){leased_note}")
         return p
     p.moves = chosen

@@ -106,7 +106,7 @@ def test_reassign_shortfall_exit_code_and_message(fleet):
     r = run_cli("--config", str(cfg), "reassign", "--from", "research", "--to", "training", "--count", "1",
                 "--yes")
     assert r.code == 4
-    assert "only 0 idle slice(s) of research can move, 1 asked" in r.stderr
+    assert "only 0 free slice(s) of research can move, 1 asked" in r.stderr
     assert daemon_slices(d1.socket_path) == before
 
 

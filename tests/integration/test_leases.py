@@ -156,7 +156,7 @@ def test_grant_by_count_and_by_ids_on_one_gpu(node):
 
 REFUSED = [
     ({"department": "inference", "gpus": 0.25}, 409, "insufficient_slices",
-     "no GPU has idle slices of department 'inference' covering 0.25 GPU-equivalents"),
+     "no GPU has free slices of department 'inference' covering 0.25 GPU-equivalents"),
     ({"slice_ids": ["TRAINING"]}, 409, "wrong_owner", "is owned by 'training', not 'research'"),
     ({"slice_ids": ["GPU-nope/0"]}, 404, "unknown_slice", "no slice 'GPU-nope/0'"),
     ({"slice_ids": ["WHOLE", "QUARTER0"]}, 400, "invalid_field", "a lease holds slices of one GPU"),
@@ -189,13 +189,13 @@ def test_insufficient_message_lists_idle_slices_and_leased_slice_refused(node):
     assert grant(c, slice_ids=[ids["whole"]]).status_code == 201
     r = grant(c, slices=5)  # a valid count, but no GPU has 5 idle slices of research
     assert r.status_code == 409 and r.json()["error"]["code"] == "insufficient_slices"
-    assert r.json()["error"]["message"].endswith("idle slices of research: GPU 1: 1/4+1/4+1/4+1/4")
+    assert r.json()["error"]["message"].endswith("free slices of research: GPU 1: 1/4+1/4+1/4+1/4")
     r = grant(c, slices=4)
     assert r.status_code == 201
     before = slices(c)
     r = grant(c, gpus=0.125)
     assert r.status_code == 409
-    assert r.json()["error"]["message"].endswith("idle slices of research: none")
+    assert r.json()["error"]["message"].endswith("free slices of research: none")
     r = grant(c, slice_ids=[ids["whole"]])
     assert r.status_code == 409 and r.json()["error"]["code"] == "slice_leased"
     assert slices(c) == before
@@ -470,7 +470,7 @@ def test_cli_lease_says_the_granted_fraction(tmp_path, node):
                    f'socket = "{d.socket_path}"\n')
     r = run_cli("--config", str(cfg), "lease", "--dept", "research", "--gpus", "0.3")
     assert r.code == 0, r.stderr
-    assert "granted    1/2 GPU (asked 0.3: the smallest idle slices covering it)\n" in r.stdout
+    assert "granted    1/2 GPU (asked 0.3: the smallest free slices covering it)\n" in r.stdout
     r = run_cli("--config", str(cfg), "--json", "lease", "--dept", "research", "--gpus", "0.25")
     assert r.code == 0, r.stderr
     assert r.json["gpu_equivalents"] == 0.25 and r.json["asked_gpu_equivalents"] == 0.25

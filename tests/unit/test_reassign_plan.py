@@ -56,7 +56,7 @@ def test_gpu_equivalents_uses_fractions():
 def test_shortfall_moves_nothing_and_names_leased():
     p = plan(snapshot(), ReassignRequest("research", "training", count=20))
     assert p.moves == []
-    assert p.shortfall == "only 8 idle slice(s) of research can move, 20 asked (1 leased: use --drain or --revoke)"
+    assert p.shortfall == "only 8 free slice(s) of research can move, 20 asked (1 leased: use --drain or --revoke)"
     r = ReassignResult("r-1", p)
     assert r.exit_code == ExitCode.NOTHING_TO_DO
 
