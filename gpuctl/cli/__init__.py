@@ -17,7 +17,7 @@ from typing import Sequence
 from gpuctl import __version__
 from gpuctl.cli.context import VALUE_FLAGS, add_globals
 from gpuctl.cli.errors import UsageError, error_document, exit_code_for, known_exit_code
-from gpuctl.cli.output import emit_json, err, json_emitted
+from gpuctl.cli.output import emit_json, err, json_emitted, last_message
 from gpuctl.cli.registry import VERBS, load
 from gpuctl.exit_codes import ExitCode
 
@@ -99,7 +99,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     verb = args.verb or "console"
     as_json = bool(getattr(args, "json", False))
     try:
-        return int(load(verb).run(args))
+        code = int(load(verb).run(args))
+        if code != ExitCode.OK and as_json and not json_emitted() and verb not in ("run", "console", "demo"):
+            # a verb that failed without raising and without its document: the error document
+            doc = error_document(code, "")
+            doc["error"]["message"] = last_message() or f"failed ({doc['error']['name'] or code})"
+            emit_json(doc)
+        return code
     except BaseException as exc:  # noqa: BLE001 - the one place an exception becomes an exit code
         if isinstance(exc, SystemExit):
             raise

@@ -35,7 +35,7 @@ import time
 from typing import Any, Callable
 
 from gpuctl.cli.context import check_node, load_config, open_fleet
-from gpuctl.cli.errors import UsageError, exit_code_for_node_code
+from gpuctl.cli.errors import CliError, UsageError
 from gpuctl.cli.output import emit_json, err, fmt_bytes, print_table
 from gpuctl.cli.registry import Verb
 from gpuctl.exit_codes import ExitCode
@@ -233,9 +233,8 @@ def cmd_leases(args: argparse.Namespace) -> int:
 def _on_holder(args: argparse.Namespace, action: str) -> tuple[int, str | None, dict[str, Any] | None]:
     """Find the node holding lease args.lease_id (asks every node) and call NodeClient.<action> on it.
 
-    Returns (exit code, node, answer); errors are said on stderr: no such lease (NOTHING_TO_DO, or
-    UNREACHABLE when some node could not be asked), or the daemon's refusal."""
-    from gpuctl.fleet.client import NodeError
+    Returns (OK, node, answer). Raises CliError for no such lease (NOTHING_TO_DO, or UNREACHABLE
+    when some node could not be asked), gpuctl.fleet.client.NodeError for the daemon's refusal."""
 
     cfg = load_config(args)
     fleet = open_fleet(args, cfg)
@@ -245,15 +244,10 @@ def _on_holder(args: argparse.Namespace, action: str) -> tuple[int, str | None, 
         if holder is None:
             msg = f"no lease {args.lease_id!r} on any reachable node"
             if errors:
-                err(f"{msg}; unreachable: {', '.join(sorted(errors))}")
-                return ExitCode.UNREACHABLE, None, None
-            err(msg)
-            return ExitCode.NOTHING_TO_DO, None, None
-        try:
-            return ExitCode.OK, holder, getattr(fleet.clients[holder], action)(args.lease_id)
-        except NodeError as e:
-            err(str(e))
-            return exit_code_for_node_code(e.code), holder, None
+                raise CliError(f"{msg}; unreachable: {', '.join(sorted(errors))}", ExitCode.UNREACHABLE)
+            raise CliError(msg, ExitCode.NOTHING_TO_DO)
+        # a refusal (NodeError) goes up to gpuctl.cli.main: its code's row of NODE_CODE_EXIT
+        return ExitCode.OK, holder, getattr(fleet.clients[holder], action)(args.lease_id)
     finally:
         fleet.close()
 

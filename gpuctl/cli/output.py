@@ -15,9 +15,21 @@ from gpuctl.format import human_bytes as fmt_bytes  # noqa: F401 - verb modules 
 from gpuctl.format import na  # noqa: F401 - verb modules take it from here
 
 
+#: The last diagnostic said (the message of a `--json` error document when a verb returns a
+#: failing exit code without raising).
+_last_message: str | None = None
+
+
 def err(msg: str) -> None:
     """One diagnostic line on stderr, prefixed ``gpuctl: `` (flushed: it may precede a long step)."""
+    global _last_message
+    _last_message = msg
     print(f"gpuctl: {msg}", file=sys.stderr, flush=True)
+
+
+def last_message() -> str | None:
+    """The last message :func:`err` said in this process, or None."""
+    return _last_message
 
 
 #: Set once a verb wrote its JSON document: an error raised after it adds no second document.

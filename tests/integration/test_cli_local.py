@@ -257,3 +257,16 @@ def test_reassign_exit_codes_match_the_readme_table(fleet):
         assert r.code == 7, (amount, r.code, r.stderr)  # UNREACHABLE: n2 is down
         assert "n2" in r.stderr
     assert daemon_slices(d1.socket_path) == before
+
+
+def test_json_error_document_also_for_a_verb_that_returns_a_failing_code(fleet):
+    # Before: `release --json` of an unknown lease printed its reason on stderr and nothing on stdout.
+    cfg, d1, d2 = fleet
+    r = run_cli("--config", str(cfg), "--json", "release", "lease-000000000000")
+    assert r.code == 4, r.stderr
+    assert r.json == {"error": {"code": 4, "name": "NOTHING_TO_DO",
+                                "message": "no lease 'lease-000000000000' on any reachable node"}}
+    assert r.stderr == "gpuctl: no lease 'lease-000000000000' on any reachable node\n"
+    d2.stop()
+    r = run_cli("--config", str(cfg), "--json", "renew", "lease-000000000000")
+    assert r.code == 7 and r.json["error"]["name"] == "UNREACHABLE" and "unreachable: n2" in r.json["error"]["message"]
