@@ -162,3 +162,26 @@ def test_daemon_checks_fractions_and_department_fields(fleet):
             e = r.json()["error"]
             assert e["field"] == field and words in e["message"], e
     assert daemon_slices(d.socket_path) == before
+
+
+def test_mig_slices_are_refused_by_the_node_with_mig_read_only(tmp_path):
+    # the service does not pre-judge MIG: the node refuses it, naming nvidia-smi
+    from gpuctl.daemon.errors import MigReadOnly
+    from gpuctl.daemon.state import NodeStateManager, StateStore
+    from gpuctl.model import FleetSnapshot, GpuIdentity, GpuStatus, NodeStatus
+    from gpuctl.fleet.split import plan_merge, plan_split
+
+    mgr = NodeStateManager(StateStore(tmp_path))
+    parent = GpuIdentity(uuid="GPU-p", index=0, name="A100", memory_total_bytes=80 << 30, mig_enabled=True)
+    mig = GpuIdentity(uuid="MIG-1", index=0, name="A100 MIG 3g", memory_total_bytes=40 << 30, parent_uuid="GPU-p",
+                      mig_compute_share=0.5)
+    mgr.reconcile([parent, mig])
+    gen = mgr.generation
+    with pytest.raises(MigReadOnly, match="MIG slices are read-only in gpuctl"):
+        mgr.split("s-1", gen, "MIG-1", 2, fractions=[0.5, 0.5])
+    assert mgr.generation == gen
+    snap = FleetSnapshot([NodeStatus("n1", True, generation=gen, gpus=[
+        GpuStatus(mig, None, [s for s in mgr.snapshot().slices.values()])])])
+    p = plan_split(snap, "n1", 0, [0.5, 0.5])
+    assert p.mig and p.gpu_uuid == "MIG-1"
+    assert plan_merge(snap, "n1", 0).mig
