@@ -46,8 +46,6 @@ NODE_CODE_EXIT: dict[str, ExitCode] = {
     "mixed_owners": ExitCode.CONFLICT,
     "gpu_present": ExitCode.CONFLICT,
     "unknown_gpu": ExitCode.USAGE,
-    "unknown_node": ExitCode.USAGE,
-    "nothing_to_do": ExitCode.NOTHING_TO_DO,
     "mig_read_only": ExitCode.CONFLICT,
     "slice_not_leasable": ExitCode.CONFLICT,
     "deadline_passed": ExitCode.UNREACHABLE,
@@ -71,13 +69,17 @@ def _loaded(module: str, name: str) -> type | None:
     return getattr(mod, name, None) if mod is not None else None
 
 
+#: Codes of gpuctl.fleet.split.SplitError that are the service's own (the others are node codes).
+_SPLIT_ONLY = {"unknown_node": ExitCode.USAGE, "nothing_to_do": ExitCode.NOTHING_TO_DO,
+               "invalid_field": ExitCode.USAGE}
+
 #: The errors of the layers below, as (module, class, exit code of an instance); the CLI says their
 #: message alone. Any other exception is an internal error (FAILURE, with its type named).
 _ROWS = (("gpuctl.config", "ConfigError", lambda e: ExitCode.CONFIG),
          ("gpuctl.fleet.reassign", "ReassignError", lambda e: ExitCode.USAGE),
          ("gpuctl.fleet.bootstrap", "BootstrapError", lambda e: ExitCode(e.exit_code)),
          ("gpuctl.fleet.leases", "AcquireError", lambda e: exit_code_for_node_code(e.code)),
-         ("gpuctl.fleet.split", "SplitError", lambda e: exit_code_for_node_code(e.code)),
+         ("gpuctl.fleet.split", "SplitError", lambda e: _SPLIT_ONLY.get(e.code) or exit_code_for_node_code(e.code)),
          ("gpuctl.fleet.client", "NodeError", lambda e: exit_code_for_node_code(e.code)))
 
 
