@@ -151,9 +151,16 @@ READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 def request_log_level(request_line: str, status: int) -> int:
     """The log level of one answered request: DEBUG for a read that succeeded (GET/HEAD/OPTIONS,
     status < 400: a poll), INFO for anything else (a change, or any refused or failed request), so
-    the log holds changes, not polls (`gpuctld serve --log-level debug` shows the polls)."""
-    method = request_line.split(" ", 1)[0]
-    return logging.DEBUG if method in READ_METHODS and status < 400 else logging.INFO
+    the log holds changes, not polls (`gpuctld serve --log-level debug` shows the polls). A lease's
+    heartbeat (POST /v1/leases/ID/heartbeat, every ttl/3 while `gpuctl run` runs) is a keep-alive,
+    not a change: DEBUG too when it succeeds."""
+    method, _, rest = request_line.partition(" ")
+    path = rest.split(" ", 1)[0].split("?", 1)[0]
+    if status >= 400:
+        return logging.INFO
+    if method in READ_METHODS or (method == "POST" and path.startswith("/v1/leases/") and path.endswith("/heartbeat")):
+        return logging.DEBUG
+    return logging.INFO
 
 
 class _Refusals:

@@ -627,3 +627,18 @@ def test_daemon_logs_changes_not_polls(tmp_path):
         assert '"GET /v1/status HTTP/1.1" 200 ' in loud.stderr_text()
     finally:
         loud.stop()
+
+
+def test_request_log_levels():
+    import logging
+
+    from gpuctl.daemon.server import request_log_level
+
+    assert request_log_level("GET /v1/status HTTP/1.1", 200) == logging.DEBUG
+    assert request_log_level("HEAD /v1/health HTTP/1.1", 200) == logging.DEBUG
+    assert request_log_level("POST /v1/leases/lease-1/heartbeat HTTP/1.1", 200) == logging.DEBUG
+    assert request_log_level("POST /v1/leases/lease-1/heartbeat HTTP/1.1", 410) == logging.INFO  # lease gone: said
+    assert request_log_level("GET /v1/status HTTP/1.1", 400) == logging.INFO
+    assert request_log_level("POST /v1/assign HTTP/1.1", 200) == logging.INFO
+    assert request_log_level("DELETE /v1/leases/lease-1 HTTP/1.1", 200) == logging.INFO
+    assert request_log_level("-", 400) == logging.INFO
