@@ -37,19 +37,21 @@ import tomllib
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 from gpuctl.model import UNASSIGNED
 from gpuctl.regular_file import UnreadableFile, read_regular_file
 
 __all__ = [
     "ConfigError",
+    "ConfigErrors",
     "DepartmentConfig",
     "FleetConfig",
     "Location",
     "NodeConfig",
     "TRANSPORTS",
     "TelemetryConfig",
+    "ValueChecks",
     "default_config_path",
     "load_config",
     "parse_config",
@@ -121,6 +123,44 @@ class ConfigError(Exception):
             parts.append(self.key)
         parts.append(self.message)
         return ": ".join(parts)
+
+
+class ConfigErrors(ConfigError):
+    """Several problems of one config, found in one pass (file order). Its path, line, key and
+    message are the first one's; ``errors`` lists them all; ``str()`` is one line per problem."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        self.errors = list(errors)
+        first = self.errors[0]
+        super().__init__(first.path, first.message, line=first.line, column=first.column, key=first.key)
+
+    def __str__(self) -> str:
+        return "\n".join(ConfigError.__str__(e) for e in self.errors)
+
+
+#: Words an admin may write for a key, and the key they mean (tried before spelling distance).
+KEY_SYNONYMS = {"hostname": "host", "address": "host", "addr": "host", "ip": "host", "server": "host",
+                "username": "user", "login": "user", "identityfile": "identity_file", "key": "identity_file",
+                "keyfile": "identity_file", "key_file": "identity_file", "ssh_key": "identity_file",
+                "timeout": "timeout_s", "refresh": "refresh_s", "interval": "refresh_s", "colour": "color",
+                "prio": "priority", "socket_path": "socket", "sock": "socket", "parallel": "max_parallel"}
+
+
+def suggest_key(key: str, known: tuple[str, ...]) -> str | None:
+    """The known key `key` most likely means: a synonym (``hostname`` -> ``host``), else a known
+    key that `key` starts or ends with or that starts with `key` (the longest), else the closest
+    spelling (difflib, ratio >= 0.6); None when nothing is close."""
+    norm = key.strip().lower().replace("-", "_")
+    if norm in known:
+        return norm
+    syn = KEY_SYNONYMS.get(norm.replace("_", "")) or KEY_SYNONYMS.get(norm)
+    if syn in known:
+        return syn
+    related = [k for k in known if len(k) >= 3 and (norm.startswith(k) or norm.endswith(k) or k.startswith(norm))]
+    if related and len(norm) >= 3:
+        return max(related, key=len)
+    near = difflib.get_close_matches(norm, known, n=1, cutoff=0.6)
+    return near[0] if near else None
 
 
 @dataclass(frozen=True)
@@ -228,7 +268,18 @@ def default_config_path() -> Path:
     return root / "gpuctl" / "fleet.toml"
 
 
-def load_config(path: Path | str) -> FleetConfig:
+@dataclass(frozen=True)
+class ValueChecks:
+    """Checks of values whose valid set lives outside this module (the console's themes and
+    colors: `gpuctl config check` passes them, built from Textual, so config stays headless).
+    Each takes the value and returns None when it is fine, else the message (what is wrong and
+    what is known)."""
+
+    theme: Callable[[str], str | None] | None = None
+    color: Callable[[str], str | None] | None = None
+
+
+def load_config(path: Path | str, *, checks: ValueChecks | None = None) -> FleetConfig:
     """Read and validate the fleet config at `path` (read as bytes; see :func:`parse_config`).
 
     Raises :class:`ConfigError` when the file cannot be read (missing, a dangling link or symlink
@@ -242,10 +293,10 @@ def load_config(path: Path | str) -> FleetConfig:
         if e.missing:
             raise ConfigError(shown, "config file not found (create it, or pass --config PATH)") from None
         raise ConfigError(shown, e.reason) from None
-    return parse_config(data, shown)
+    return parse_config(data, shown, checks=checks)
 
 
-def parse_config(data: bytes, path: str) -> FleetConfig:
+def parse_config(data: bytes, path: str, *, checks: ValueChecks | None = None) -> FleetConfig:
     """Parse and validate fleet config bytes; `path` is only used in messages and ``FleetConfig.path``.
 
     A leading UTF-8 BOM is dropped. Raises :class:`ConfigError` for non-UTF-8 bytes ("config must be
@@ -260,7 +311,7 @@ def parse_config(data: bytes, path: str) -> FleetConfig:
     except RecursionError:  # tomllib recurses once per nested array / inline table
         raise ConfigError(path, "invalid TOML: arrays or inline tables are nested too deeply") from None
     lines, _ = _scan(text)
-    return _Validator(path, lines).fleet(raw)
+    return _Validator(path, lines, checks).fleet(raw)
 
 
 def render_config(cfg: FleetConfig) -> str:
@@ -624,11 +675,29 @@ def _got(value: Any) -> str:
 
 
 class _Validator:
-    """Turns tomllib's dict into a FleetConfig, raising ConfigError at the first problem found."""
+    """Turns tomllib's dict into a FleetConfig. Each part (a top-level key, each department, each
+    node) is checked on its own and its problems collected, so one pass reports them all: one
+    problem raises ConfigError, several ConfigErrors (in file order)."""
 
-    def __init__(self, path: str, lines: dict[_Path, int]) -> None:
+    def __init__(self, path: str, lines: dict[_Path, int], checks: ValueChecks | None = None) -> None:
         self.path = path
         self.lines = lines
+        self.errors: list[ConfigError] = []
+        self.checks = checks or ValueChecks()
+
+    def attempt(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``; a ConfigError it raises is collected and None returned."""
+        try:
+            return fn(*args)
+        except ConfigError as e:
+            self.errors.append(e)
+            return None
+
+    def raise_collected(self) -> None:
+        if not self.errors:
+            return
+        errors = sorted(self.errors, key=lambda e: (e.line is None, e.line or 0))
+        raise errors[0] if len(errors) == 1 else ConfigErrors(errors)
 
     def line(self, loc: _Path) -> int | None:
         """Line of `loc` or of its nearest recorded ancestor."""
@@ -668,11 +737,12 @@ class _Validator:
         return float(value)
 
     def check_keys(self, loc: _Path, table: dict[str, Any], known: tuple[str, ...], section: str) -> None:
+        """Collect one error per unknown key (each with the key it most likely means)."""
         for key in table:
             if key not in known:
-                near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-                hint = f" (did you mean {near[0]!r}?)" if near else f" (known keys: {', '.join(known)})"
-                self.fail(loc + (key,), f"unknown key {key!r} in {section}{hint}")
+                near = suggest_key(key, known)
+                hint = f" (did you mean {near!r}?)" if near else f" (known keys: {', '.join(known)})"
+                self.attempt(self.fail, loc + (key,), f"unknown key {key!r} in {section}{hint}")
 
     # document --------------------------------------------------------------------------------------
 
@@ -680,20 +750,37 @@ class _Validator:
         self.check_keys((), raw, _TOP_KEYS, "the top level")
         kwargs: dict[str, Any] = {}
         if "theme" in raw:
-            kwargs["theme"] = self.string(("theme",), raw["theme"], shown=True)
+            kwargs["theme"] = self.attempt(self.theme, raw["theme"])
         if "refresh_s" in raw:
-            kwargs["refresh_s"] = self.seconds(("refresh_s",), raw["refresh_s"], lo=MIN_REFRESH_S)
+            kwargs["refresh_s"] = self.attempt(lambda: self.seconds(("refresh_s",), raw["refresh_s"], lo=MIN_REFRESH_S))
         if "max_parallel" in raw:
-            kwargs["max_parallel"] = self.integer(("max_parallel",), raw["max_parallel"], 1, None)
-            if kwargs["max_parallel"] > MAX_PARALLEL:
-                self.fail(("max_parallel",), f"must be an integer 1..{MAX_PARALLEL}, got {kwargs['max_parallel']}")
+            kwargs["max_parallel"] = self.attempt(self.max_parallel, raw["max_parallel"])
         if "telemetry" in raw:
-            kwargs["telemetry"] = self.telemetry(raw["telemetry"])
-        departments = tuple(self.department(loc, t, name) for loc, t, name in self.elements(raw, "department"))
+            kwargs["telemetry"] = self.attempt(self.telemetry, raw["telemetry"])
+        departments = tuple(d for d in (self.attempt(self.department, loc, t, name)
+                                        for loc, t, name in self.attempt(self.elements, raw, "department") or [])
+                            if d is not None)
         self.no_duplicates("department", departments)
-        nodes = tuple(self.node(loc, t, name) for loc, t, name in self.elements(raw, "node"))
+        nodes = tuple(n for n in (self.attempt(self.node, loc, t, name)
+                                  for loc, t, name in self.attempt(self.elements, raw, "node") or [])
+                      if n is not None)
         self.no_duplicates("node", nodes)
-        return FleetConfig(path=self.path, nodes=nodes, departments=departments, **kwargs)
+        self.raise_collected()
+        return FleetConfig(path=self.path, nodes=nodes, departments=departments,
+                           **{k: v for k, v in kwargs.items() if v is not None})
+
+    def theme(self, value: Any) -> str:
+        name = self.string(("theme",), value, shown=True)
+        why = self.checks.theme(name) if self.checks.theme else None
+        if why:
+            self.fail(("theme",), why)
+        return name
+
+    def max_parallel(self, value: Any) -> int:
+        n = self.integer(("max_parallel",), value, 1, None)
+        if n > MAX_PARALLEL:
+            self.fail(("max_parallel",), f"must be an integer 1..{MAX_PARALLEL}, got {n}")
+        return n
 
     def telemetry(self, t: Any) -> TelemetryConfig:
         loc = ("telemetry",)
@@ -765,16 +852,23 @@ class _Validator:
             )
         kwargs: dict[str, Any] = {}
         if "priority" in t:
-            kwargs["priority"] = self.integer(loc + ("priority",), t["priority"], 0, None)
+            kwargs["priority"] = self.attempt(self.integer, loc + ("priority",), t["priority"], 0, None)
         if "color" in t:
-            color = self.string(loc + ("color",), t["color"], shown=True)
-            if color.startswith("#"):
-                if not _HEX_COLOR.fullmatch(color):
-                    self.fail(loc + ("color",), f"must be a hex color '#rrggbb', got {color!r}")
-            elif not _COLOR_NAME.fullmatch(color):
-                self.fail(loc + ("color",), f"must be '#rrggbb' or a color name like 'dodgerblue', got {color!r}")
-            kwargs["color"] = color
-        return DepartmentConfig(name=name, source=Location(self.path, self.line(loc)), **kwargs)
+            kwargs["color"] = self.attempt(self.color, loc + ("color",), t["color"])
+        return DepartmentConfig(name=name, source=Location(self.path, self.line(loc)),
+                                **{k: v for k, v in kwargs.items() if v is not None})
+
+    def color(self, loc: _Path, value: Any) -> str:
+        color = self.string(loc, value, shown=True)
+        if color.startswith("#"):
+            if not _HEX_COLOR.fullmatch(color):
+                self.fail(loc, f"must be a hex color '#rrggbb', got {color!r}")
+        elif not _COLOR_NAME.fullmatch(color):
+            self.fail(loc, f"must be '#rrggbb' or a color name like 'dodgerblue', got {color!r}")
+        why = self.checks.color(color) if self.checks.color else None
+        if why:
+            self.fail(loc, why)
+        return color
 
     def node(self, loc: _Path, t: dict[str, Any], key_name: str | None) -> NodeConfig:
         section = "[[node]]" if key_name is None else f"[{_display_path(loc)}]"
@@ -791,12 +885,14 @@ class _Validator:
             kwargs["transport"] = transport
         for key in ("host", "user", "identity_file", "socket", "gpuctld"):
             if key in t:
-                kwargs[key] = self.string(loc + (key,), t[key])
+                kwargs[key] = self.attempt(self.string, loc + (key,), t[key])
         if "port" in t:
-            kwargs["port"] = self.integer(loc + ("port",), t["port"], 1, 65535)
+            kwargs["port"] = self.attempt(self.integer, loc + ("port",), t["port"], 1, 65535)
         if "timeout_s" in t:
-            kwargs["timeout_s"] = self.seconds(loc + ("timeout_s",), t["timeout_s"])
-        if transport == "ssh" and "host" not in t:
+            kwargs["timeout_s"] = self.attempt(self.seconds, loc + ("timeout_s",), t["timeout_s"])
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        if transport == "ssh" and "host" not in t and not any(
+                suggest_key(k, _NODE_KEYS) == "host" for k in t if k not in _NODE_KEYS):  # said once, as a typo
             self.fail(loc, f"missing required key 'host' in {section} (transport 'ssh' needs the SSH host)")
         if transport == "local":
             if "socket" not in t:
@@ -819,9 +915,10 @@ class _Validator:
                 other, where = first[key]
                 same = ("" if other == item.name else f" (as {ascii(other)} and {ascii(item.name)}: names differing "
                                                     f"only in case or Unicode form are one name)")
-                raise ConfigError(
+                self.errors.append(ConfigError(
                     self.path,
                     f"{kind} {item.name!r} is defined twice{same} (first at {where})",
                     line=item.source.line if item.source else None,
-                )
+                ))
+                continue
             first[key] = (item.name, item.source)

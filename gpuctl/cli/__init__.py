@@ -16,8 +16,8 @@ from typing import Sequence
 
 from gpuctl import __version__
 from gpuctl.cli.context import VALUE_FLAGS, add_globals
-from gpuctl.cli.errors import UsageError, exit_code_for, known_exit_code
-from gpuctl.cli.output import err
+from gpuctl.cli.errors import UsageError, error_document, exit_code_for, known_exit_code
+from gpuctl.cli.output import emit_json, err, json_emitted, last_message
 from gpuctl.cli.registry import VERBS, load
 from gpuctl.exit_codes import ExitCode
 
@@ -66,26 +66,53 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _wants_json(argv: Sequence[str]) -> bool:
+    """True when `--json` is among the flags (before `--`): also when the rest failed to parse."""
+    for tok in argv:
+        if tok == "--":
+            return False
+        if tok == "--json":
+            return True
+    return False
+
+
+def _fail(code: int, message: str, as_json: bool) -> int:
+    """Say `message` on stderr and, with --json (unless the verb already wrote its document), put
+    the error document (gpuctl.cli.errors.error_document) on stdout; return `code`."""
+    err(message)
+    if as_json and not json_emitted():
+        emit_json(error_document(code, message))
+    return int(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `gpuctl`; returns the exit code (ExitCode)."""
+    """Entry point of `gpuctl`; returns the exit code (ExitCode). With `--json`, every error is also
+    a JSON document on stdout: ``{"error": {"code", "name", "message"}}``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     named = verb_of(argv)
+    as_json = _wants_json(argv)
     try:
         args = build_parser(named if named in VERBS else None).parse_args(argv)
     except UsageError as exc:
         msg = str(exc)  # "gpuctl: ..." or "gpuctl VERB: ..." (argparse's prog)
-        print("gpuctl: " + msg.removeprefix("gpuctl: ").removeprefix("gpuctl "), file=sys.stderr)
-        return ExitCode.USAGE
+        return _fail(ExitCode.USAGE, msg.removeprefix("gpuctl: ").removeprefix("gpuctl "), as_json)
     verb = args.verb or "console"
+    as_json = bool(getattr(args, "json", False))
     try:
-        return int(load(verb).run(args))
+        code = int(load(verb).run(args))
+        if code != ExitCode.OK and as_json and not json_emitted() and verb not in ("run", "console", "demo"):
+            # a verb that failed without raising and without its document: the error document
+            doc = error_document(code, "")
+            doc["error"]["message"] = last_message() or f"failed ({doc['error']['name'] or code})"
+            emit_json(doc)
+        return code
     except BaseException as exc:  # noqa: BLE001 - the one place an exception becomes an exit code
         if isinstance(exc, SystemExit):
             raise
         if known_exit_code(exc) is not None:
-            err("interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc))
-            return exit_code_for(exc)
+            return _fail(exit_code_for(exc), "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc),
+                         as_json)
         if os.environ.get("GPUCTL_DEBUG"):
             raise
-        err(f"internal error: {type(exc).__name__}: {exc} (set GPUCTL_DEBUG=1 for a traceback)")
-        return exit_code_for(exc)
+        return _fail(exit_code_for(exc),
+                     f"internal error: {type(exc).__name__}: {exc} (set GPUCTL_DEBUG=1 for a traceback)", as_json)

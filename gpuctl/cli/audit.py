@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from gpuctl.cli.context import check_node, load_config, open_fleet
     from gpuctl.cli.errors import UsageError
-    from gpuctl.cli.output import console, emit_json, err
+    from gpuctl.cli.output import emit_json, err, print_table
     from gpuctl.fleet.schedule import audit_records, what_text, who_text
     from gpuctl.timeparse import TimeError, parse_since, show_local
 
@@ -69,7 +69,7 @@ def _run(args: argparse.Namespace) -> int:
             t.add_row(show_local(r.get("time_s") or 0), r["node_name"], who_text(r.get("who")),
                       str(r.get("action") or r.get("event")), str(r.get("request_id") or ""), what_text(r),
                       str(r.get("outcome") or ""))
-        console().print(t)
+        print_table(t)
     for p in problems:
         err(f"node {p['node']}: {p['file']} line {p['line']}: unreadable audit record ({p['error']}): "
              f"{p['text'][:80]!r}")

@@ -16,16 +16,22 @@ from gpuctl.exit_codes import ExitCode
 from gpuctl.fleet.source import LiveFleetSource
 
 
-def run_console(source, *, readonly: bool = False, theme: str | None = None, refresh_s: float = 1.0) -> int:
+def run_console(source, *, readonly: bool = False, theme: str | None = None, refresh_s: float = 1.0,
+                theme_from: str | None = None) -> int:
     """Open the Textual console on `source`, a gpuctl.fleet.source.FleetSource (blocks until the
-    user quits). Raises UsageError for an unknown theme (the message lists the known ones) or
-    without a terminal."""
+    user quits). Raises UsageError for an unknown --theme (the message lists the known ones) or
+    without a terminal; gpuctl.config.ConfigError naming the file when the theme came from the
+    fleet config (`theme_from`: its path)."""
     from gpuctl.app import UnknownThemeError, build_app
 
     require_terminal()
     try:
         app = build_app(source, readonly=readonly, theme=theme, refresh_s=refresh_s)
     except UnknownThemeError as exc:
+        if theme_from is not None:
+            from gpuctl.config import ConfigError
+
+            raise ConfigError(theme_from, f"{exc} (`gpuctl config check` checks it)", key="theme") from None
         raise UsageError(f"--theme: {exc}") from None
     app.run()
     if app.return_code not in (None, 0):
@@ -51,10 +57,22 @@ def cmd_console(args: argparse.Namespace) -> int:
 
         source = source_for(cfg, source)
     try:
+        flag_theme = getattr(args, "theme", None)
         return run_console(source, readonly=bool(getattr(args, "readonly", False)),
-                           theme=getattr(args, "theme", None) or cfg.theme, refresh_s=cfg.refresh_s)
+                           theme=flag_theme or cfg.theme, refresh_s=cfg.refresh_s,
+                           theme_from=None if flag_theme else str(cfg.path))
     finally:
         fleet.close()
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"must be 0..86400 seconds, got {text}")
+    return value
 
 
 def _demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,6 +81,9 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="simulation seed (default 0)")
     p.add_argument("--no-console", action="store_true",
                    help="start the daemons, print the config path and wait (Ctrl-C or SIGTERM stops them)")
+    p.add_argument("--restart-after", type=_seconds, metavar="SECONDS",
+                   help="with --no-console: restart a node whose gpuctld died after SECONDS (default: only on "
+                        "SIGUSR1 to this process)")
     p.add_argument("--write-config", metavar="FILE",
                    help="also write the demo fleet's config to FILE (use it with --config or GPUCTL_CONFIG)")
     p.add_argument("--history", metavar="DURATION", help="give the nodes a simulated usage past (e.g. 30d)")
@@ -87,12 +108,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 raise DurationError(f"--history must be more than 0 and at most 400d, got {args.history!r}")
         except DurationError as e:
             raise UsageError(f"--history: {e}" if not str(e).startswith("--history") else str(e)) from None
+    if args.restart_after is not None and not args.no_console:
+        raise UsageError("--restart-after: only with --no-console (in the console, restart a node with "
+                         "`:node NAME restart`, or send SIGUSR1 to gpuctl)")
     if not args.no_console:
         require_terminal()
     with demo_fleet(args.nodes, args.gpus, args.seed, write_config=args.write_config,
                     history=args.history) as fleet:
         if args.no_console:
-            return serve_without_console(fleet, json_out=args.json)
+            return serve_without_console(fleet, json_out=args.json, restart_after_s=args.restart_after)
         cfg = load(fleet.config_path)
         client = FleetClient(cfg, default_transport_factory())
         try:

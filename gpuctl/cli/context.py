@@ -48,9 +48,10 @@ def config_path(args: argparse.Namespace) -> tuple[Path, str]:
     return default_config_path(), "the default path"
 
 
-def load_config(args: argparse.Namespace):
+def load_config(args: argparse.Namespace, checks: Any = None):
     """The fleet config (gpuctl.config.FleetConfig). Raises CliError (CONFIG) naming the path and
-    where it came from when there is no file, gpuctl.config.ConfigError when it is invalid."""
+    where it came from when there is no file, gpuctl.config.ConfigError when it is invalid.
+    checks: gpuctl.config.ValueChecks (`config check`: the console's themes and colors)."""
     from gpuctl.config import load_config as load
 
     path, origin = config_path(args)
@@ -60,7 +61,7 @@ def load_config(args: argparse.Namespace):
         raise CliError(
             f"no fleet config at {path} (from {origin}): write one (see README 'Config file'){hint}; "
             f"`gpuctl demo` runs without one", ExitCode.CONFIG)
-    return load(path)
+    return load(path, checks=checks)
 
 
 def load_config_if_any(args: argparse.Namespace):

@@ -43,6 +43,9 @@ NODE_CODE_EXIT: dict[str, ExitCode] = {
     "stale_generation": ExitCode.CONFLICT,
     "gpu_missing": ExitCode.CONFLICT,
     "mps_unavailable": ExitCode.CONFLICT,
+    "mixed_owners": ExitCode.CONFLICT,
+    "gpu_present": ExitCode.CONFLICT,
+    "unknown_gpu": ExitCode.USAGE,
     "mig_read_only": ExitCode.CONFLICT,
     "slice_not_leasable": ExitCode.CONFLICT,
     "deadline_passed": ExitCode.UNREACHABLE,
@@ -66,6 +69,10 @@ def _loaded(module: str, name: str) -> type | None:
     return getattr(mod, name, None) if mod is not None else None
 
 
+#: Codes of gpuctl.fleet.split.SplitError that are the service's own (the others are node codes).
+_SPLIT_ONLY = {"unknown_node": ExitCode.USAGE, "nothing_to_do": ExitCode.NOTHING_TO_DO,
+               "invalid_field": ExitCode.USAGE}
+
 #: The errors of the layers below, as (module, class, exit code of an instance); the CLI says their
 #: message alone. Any other exception is an internal error (FAILURE, with its type named).
 _ROWS = (("gpuctl.config", "ConfigError", lambda e: ExitCode.CONFIG),
@@ -73,6 +80,7 @@ _ROWS = (("gpuctl.config", "ConfigError", lambda e: ExitCode.CONFIG),
          ("gpuctl.fleet.bootstrap", "BootstrapError", lambda e: ExitCode(e.exit_code)),
          ("gpuctl.fleet.leases", "AcquireError", lambda e: exit_code_for_node_code(e.code)),
          ("gpuctl.fleet.job", "JobError", lambda e: exit_code_for_node_code(e.code)),
+         ("gpuctl.fleet.split", "SplitError", lambda e: _SPLIT_ONLY.get(e.code) or exit_code_for_node_code(e.code)),
          ("gpuctl.fleet.client", "NodeError", lambda e: exit_code_for_node_code(e.code)))
 
 
@@ -99,3 +107,13 @@ def exit_code_for(exc: BaseException) -> ExitCode:
     """
     code = known_exit_code(exc)
     return ExitCode.FAILURE if code is None else code
+
+
+def error_document(code: int, message: str) -> dict:
+    """The ``--json`` answer of a verb that failed: ``{"error": {"code": <exit code>, "name":
+    <ExitCode name>, "message": <the stderr message, without the "gpuctl: " prefix>}}``."""
+    try:
+        name = ExitCode(code).name
+    except ValueError:
+        name = None
+    return {"error": {"code": int(code), "name": name, "message": message}}

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpuctl.cli.context import check_node, load_config, open_fleet
 from gpuctl.cli.errors import UsageError
-from gpuctl.cli.output import confirm, console, emit_json, err, fraction_label, interactive, na
+from gpuctl.cli.output import confirm, console, emit_json, err, fraction_label, interactive, na, print_table
 from gpuctl.cli.registry import Verb
 from gpuctl.exit_codes import ExitCode
 from gpuctl.format import human_bytes, memory_label, power, temperature
@@ -31,7 +31,7 @@ def _departments_arguments(p: argparse.ArgumentParser) -> None:
 
 def _reassign_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="src", required=True, metavar="DEPT",
-                   help="department giving slices ('unassigned' for new GPUs; 'any': idle slices of the "
+                   help="department giving slices ('unassigned' for new GPUs; 'any': free slices of the "
                         "unassigned pool, then of the lowest-priority departments)")
     p.add_argument("--to", dest="dst", required=True, metavar="DEPT", help="department receiving them")
     amount = p.add_mutually_exclusive_group(required=True)
@@ -119,7 +119,7 @@ def _print_status(snapshot, cfg) -> None:
                 temperature(s.temperature_c if s else None),
                 power(s.power_w if s else None),
                 slices)
-        con.print(t)
+        print_table(t)
         for g in n.gpus:
             for p in g.outside_processes or []:
                 con.print(Text(f"GPU {g.identity.index}: outside gpuctl: pid {p['pid']} "
@@ -147,12 +147,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def departments_json(snapshot, cfg) -> dict[str, Any]:
     """Per department (gpuctl.model.department_totals: config order, then departments only the
-    fleet knows, unassigned last): GPU-equivalents owned per node, busy (leased) and in all."""
+    fleet knows, unassigned last): GPU-equivalents owned per node, leased and in all."""
     rows = []
     for t in department_totals(snapshot, [d.name for d in cfg.departments]):
         dept = cfg.department(t.name)
         row = {"name": t.name, "priority": dept.priority if dept else None, "gpu_equivalents": t.gpu_equivalents,
-               "busy_gpu_equivalents": t.leased_gpu_equivalents, "slices": t.slices, "per_node": t.per_node}
+               "leased_gpu_equivalents": t.leased_gpu_equivalents, "slices": t.slices, "per_node": t.per_node}
         if dept is None and t.name != UNASSIGNED:
             row["unknown"] = True
         rows.append(row)
@@ -180,12 +180,12 @@ def cmd_departments(args: argparse.Namespace) -> int:
         for name in node_names:
             t.add_column(name, justify="right")
         t.add_column("total", justify="right")
-        t.add_column("busy", justify="right")
+        t.add_column("leased", justify="right")
         for r in doc["departments"]:
             t.add_row(r["name"], na(r["priority"]),
                       *[f"{r['per_node'].get(nn, 0):g}" for nn in node_names],
-                      f"{r['gpu_equivalents']:g}", f"{r['busy_gpu_equivalents']:g}")
-        console().print(t)
+                      f"{r['gpu_equivalents']:g}", f"{r['leased_gpu_equivalents']:g}")
+        print_table(t)
     for name in doc["unreachable_nodes"]:
         err(f"node {name} unreachable: its slices are not counted")
     return ExitCode.UNREACHABLE if doc["unreachable_nodes"] else ExitCode.OK
@@ -201,13 +201,12 @@ def _print_plan(p) -> None:
         t.add_column(col, no_wrap=True)
     for m in p.moves:
         t.add_row(m.node, str(m.gpu_index), m.slice_id, fraction_label(m.fraction), "yes" if m.leased else "")
-    console(stderr=True).print(t)
+    print_table(t, stderr=True)
 
 
 def _print_reassign(result) -> None:
     from rich.table import Table
 
-    con = console()
     req = result.plan.request
     verb = "would move" if req.dry_run else "moved"
     rows = ([(m, verb if not req.dry_run else "planned") for m in (result.plan.moves if req.dry_run else result.moved)]
@@ -222,7 +221,7 @@ def _print_reassign(result) -> None:
         for m, what in rows:
             t.add_row(m.node, str(m.gpu_index), m.slice_id, fraction_label(m.fraction),
                       f"{what} (from {m.owner})" if m.owner else what)
-        con.print(t)
+        print_table(t)
 
 
 def _reassign_messages(result) -> None:

@@ -21,7 +21,7 @@ Node choice (no ``--node``) and the grant are gpuctl.fleet.leases.acquire; the e
 refusal is its node error code's row of gpuctl.cli.errors.NODE_CODE_EXIT.
 
 Exit codes (README): 0 OK; 2 USAGE (bad flags, unknown department or node); 4 NOTHING_TO_DO (no
-idle slices of the department cover the request on one GPU; ``release``: no such lease); 6
+free slices of the department cover the request on one GPU; ``release``: no such lease); 6
 CONFLICT (the slices changed owner or were leased meanwhile, or MPS on the GPU serves another user);
 7 UNREACHABLE; 1 FAILURE (the node could not start the lease's worker); 8 LEASE_REVOKED (run).
 """
@@ -37,8 +37,8 @@ import time
 from typing import Any, Callable
 
 from gpuctl.cli.context import check_node, load_config, open_fleet
-from gpuctl.cli.errors import UsageError, exit_code_for_node_code
-from gpuctl.cli.output import console, emit_json, err, fmt_bytes
+from gpuctl.cli.errors import CliError, UsageError
+from gpuctl.cli.output import emit_json, err, fmt_bytes, print_table
 from gpuctl.cli.registry import Verb
 from gpuctl.exit_codes import ExitCode
 from gpuctl.fleet.native_run import forward_sigint as _forward_sigint
@@ -65,7 +65,7 @@ def _ttl(text: str) -> float:
 
 
 def _amount_args(p: argparse.ArgumentParser, ttl_default: float) -> None:
-    p.add_argument("--dept", required=True, metavar="DEPT", help="department whose idle slices to lease")
+    p.add_argument("--dept", required=True, metavar="DEPT", help="department whose free slices to lease")
     amount = p.add_mutually_exclusive_group(required=True)
     amount.add_argument("--gpus", type=float, metavar="X", help="GPU-equivalents, 0 < X <= 1 (e.g. 0.25)")
     amount.add_argument("--slices", type=int, metavar="N", help="number of slices (of one GPU)")
@@ -125,10 +125,31 @@ def _when(t: float) -> str:
     return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t))} (in {max(0, left):.0f} s)"
 
 
-def _lease_doc(node: str, answer: dict[str, Any]) -> dict[str, Any]:
+def granted_gpus(answer: dict[str, Any]) -> float | None:
+    """GPU-equivalents a grant holds (the sum of its slices' fractions: the daemon's
+    ``gpu_equivalents``; its ``compute_share`` for a daemon that predates that field)."""
+    value = answer.get("gpu_equivalents", answer.get("compute_share"))
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def granted_label(answer: dict[str, Any], asked_gpus: float | None) -> str:
+    """What was granted, in words: ``1/2 GPU (asked 0.3: the smallest free slices covering it)``."""
+    from gpuctl.format import fraction_label
+
+    got = granted_gpus(answer)
+    if got is None:
+        return "unknown"
+    text = f"{fraction_label(got)} GPU"
+    if asked_gpus is not None and got > asked_gpus + 1e-9:
+        text += f" (asked {asked_gpus:g}: the smallest free slices covering it)"
+    return text
+
+
+def _lease_doc(node: str, answer: dict[str, Any], asked_gpus: float | None = None) -> dict[str, Any]:
     doc = {"node": node, "lease": answer["lease"], "gpu_index": answer.get("gpu_index"),
            "endpoint": answer["endpoint"], "token": answer["token"], "attach": answer["attach"],
-           "quota_bytes": answer.get("quota_bytes")}
+           "quota_bytes": answer.get("quota_bytes"), "gpu_equivalents": granted_gpus(answer),
+           "asked_gpu_equivalents": asked_gpus}
     if answer.get("quota_cap"):
         doc["quota_cap"] = answer["quota_cap"]
     return doc
@@ -165,11 +186,12 @@ def cmd_lease(args: argparse.Namespace) -> int:
     if note := _quota_note(node, answer):
         err(note)
     if args.json:
-        emit_json(_lease_doc(node, answer))
+        emit_json(_lease_doc(node, answer, args.gpus))
     else:
         print(f"lease      {lease['id']}")
         print(f"node       {node}")
         print(f"department {lease['department']}")
+        print(f"granted    {granted_label(answer, args.gpus)}")
         print(f"slices     {', '.join(lease['slice_ids'])} (GPU {answer.get('gpu_index')})")
         print(f"endpoint   {answer['endpoint']}")
         print(f"expires    {_when(lease['expires_s'])}, ttl {lease['ttl_s']:g} s")
@@ -210,7 +232,7 @@ def cmd_leases(args: argparse.Namespace) -> int:
             t.add_row(r["id"], r["node"], r["department"], r["owner"], str(r.get("gpu_index", "?")),
                       str(len(r["slice_ids"])), r.get("endpoint") or "-", f"{max(0, r['expires_s'] - now):.0f} s",
                       fmt_bytes(usage.get("memory_in_use_bytes")))
-        console().print(t)
+        print_table(t)
     for name, why in errors.items():
         err(f"node {name} unreachable: its leases are not listed ({why})")
     return ExitCode.UNREACHABLE if errors else ExitCode.OK
@@ -219,9 +241,8 @@ def cmd_leases(args: argparse.Namespace) -> int:
 def _on_holder(args: argparse.Namespace, action: str) -> tuple[int, str | None, dict[str, Any] | None]:
     """Find the node holding lease args.lease_id (asks every node) and call NodeClient.<action> on it.
 
-    Returns (exit code, node, answer); errors are said on stderr: no such lease (NOTHING_TO_DO, or
-    UNREACHABLE when some node could not be asked), or the daemon's refusal."""
-    from gpuctl.fleet.client import NodeError
+    Returns (OK, node, answer). Raises CliError for no such lease (NOTHING_TO_DO, or UNREACHABLE
+    when some node could not be asked), gpuctl.fleet.client.NodeError for the daemon's refusal."""
 
     cfg = load_config(args)
     fleet = open_fleet(args, cfg)
@@ -231,15 +252,10 @@ def _on_holder(args: argparse.Namespace, action: str) -> tuple[int, str | None, 
         if holder is None:
             msg = f"no lease {args.lease_id!r} on any reachable node"
             if errors:
-                err(f"{msg}; unreachable: {', '.join(sorted(errors))}")
-                return ExitCode.UNREACHABLE, None, None
-            err(msg)
-            return ExitCode.NOTHING_TO_DO, None, None
-        try:
-            return ExitCode.OK, holder, getattr(fleet.clients[holder], action)(args.lease_id)
-        except NodeError as e:
-            err(str(e))
-            return exit_code_for_node_code(e.code), holder, None
+                raise CliError(f"{msg}; unreachable: {', '.join(sorted(errors))}", ExitCode.UNREACHABLE)
+            raise CliError(msg, ExitCode.NOTHING_TO_DO)
+        # a refusal (NodeError) goes up to gpuctl.cli.main: its code's row of NODE_CODE_EXIT
+        return ExitCode.OK, holder, getattr(fleet.clients[holder], action)(args.lease_id)
     finally:
         fleet.close()
 
@@ -252,7 +268,7 @@ def cmd_release(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"node": holder, **answer})
     else:
-        print(f"released {args.lease_id} on {holder}: {len(answer['slice_ids'])} slice(s) idle"
+        print(f"released {args.lease_id} on {holder}: {len(answer['slice_ids'])} slice(s) free"
               + (f", drained moves applied to {', '.join(answer['drained'])}" if answer.get("drained") else ""))
     return ExitCode.OK
 
@@ -332,7 +348,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         node, answer = acquire(fleet, dept=args.dept, count=args.slices, gpus=args.gpus, node=args.node,
                                ttl_s=args.ttl, attach="native" if native else None)
         lease_id = answer["lease"]["id"]
-        err(_describe_lease(node, answer["lease"], answer.get("gpu_index")))
+        err(f"{_describe_lease(node, answer['lease'], answer.get('gpu_index'))}; granted "
+            f"{granted_label(answer, args.gpus)}")
         if note := _quota_note(node, answer):
             err(note)
         for warning in answer.get("warnings") or []:

@@ -1,4 +1,10 @@
-"""`gpuctl node bootstrap NODE_OR_HOST`: install gpuctld on a node over SSH (a row of gpuctl.cli.registry).
+"""`gpuctl node bootstrap NODE_OR_HOST`: install gpuctld on a node over SSH; `gpuctl node forget-gpu
+NODE UUID`: retire a GPU the node no longer reports (a row of gpuctl.cli.registry).
+
+``gpuctl node forget-gpu NODE UUID [--yes] [--json]``: a replaced or removed GPU keeps its slices
+(and owners) in the node's state, shown as missing; this drops them (POST /v1/gpus/forget, audited
+like every change, generation-checked). Refused while a lease holds one of its slices (6), for a
+GPU the node still reports (6), for a UUID the node does not know (2); node down: 7.
 
 ``gpuctl node bootstrap NODE_OR_HOST [--wheel PATH] [--prefix DIR] [--python PY] [--backend B]
 [--no-systemd] [--system-site-packages] [--no-index] [--sudo] [--dry-run] [--yes] [--json]``
@@ -57,6 +63,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the installing commands with `sudo -n` (non-root SSH account)")
     b.add_argument("--dry-run", action="store_true", help="print the plan; connect to nothing, change nothing")
     b.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    help_ = "retire a GPU the node no longer reports (replaced): its slices leave the state and every total"
+    f = nsub.add_parser("forget-gpu", help=help_, description=help_)
+    add_globals(f, top=False)
+    f.add_argument("node", metavar="NODE", help="node name (fleet config)")
+    f.add_argument("uuid", metavar="UUID", help="the missing GPU's UUID (gpuctl status --json shows it)")
+    f.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
 
 def _print_plan(result, out) -> None:
@@ -71,9 +83,51 @@ def _print_plan(result, out) -> None:
         print(f"  (--no-systemd: start the daemon yourself, e.g. {o.gpuctld} serve --backend {o.backend})", file=out)
 
 
+def forget_gpu(args: argparse.Namespace) -> int:
+    """`gpuctl node forget-gpu NODE UUID`: see the module docstring. Errors are raised (NodeError
+    with the node's code, CliError, UsageError) and said by gpuctl.cli.main."""
+    import uuid as uuidlib
+
+    from gpuctl.cli.context import check_node, load_config, open_fleet
+    from gpuctl.cli.errors import CliError
+
+    cfg = load_config(args)
+    check_node(cfg, args.node, "NODE")
+    fleet = open_fleet(args, cfg)
+    try:
+        snap = fleet.snapshot([args.node])
+        node = snap.node(args.node)
+        if node is None or not node.reachable:
+            raise CliError(f"node {args.node} is unreachable: {node.error if node else 'no answer'}",
+                           ExitCode.UNREACHABLE)
+        gpu = next((g for g in node.gpus if g.identity.uuid == args.uuid), None)
+        if gpu is None:
+            known = ", ".join(g.identity.uuid for g in node.gpus) or "none"
+            raise UsageError(f"UUID: node {args.node} has no GPU {args.uuid!r} (GPUs: {known})")
+        what = (f"Forget GPU {args.uuid} of {args.node} and its {len(gpu.slices)} slice(s) "
+                f"({', '.join(f'{s.department} {s.fraction:g}' for s in gpu.slices)})?")
+        if not args.yes:
+            if not interactive(args):
+                raise UsageError("forget-gpu changes the node's state and no terminal is there to confirm: pass --yes")
+            if not confirm(what):
+                raise CliError(f"cancelled: GPU {args.uuid} kept", ExitCode.CONFLICT)
+        answer = fleet.clients[args.node].request("POST", "/v1/gpus/forget", json={
+            "request_id": "f-" + uuidlib.uuid4().hex[:12], "generation": node.generation, "gpu_uuid": args.uuid})
+    finally:
+        fleet.close()
+    if args.json:
+        emit_json({"node": args.node, **answer})
+    else:
+        print(f"forgot GPU {args.uuid} of {args.node}: slices {', '.join(answer['forgotten'])}")
+    err(f"GPU {args.uuid} of {args.node} forgotten (generation {answer['generation']})")
+    return ExitCode.OK
+
+
 def run(args: argparse.Namespace) -> int:
-    """`gpuctl node ACTION`: only `bootstrap` exists. Errors are raised (BootstrapError with its
+    """`gpuctl node ACTION`: `bootstrap` or `forget-gpu`. Errors are raised (BootstrapError with its
     exit code, ConfigError: 3, UsageError: 2) and said by gpuctl.cli.main."""
+    if args.node_verb == "forget-gpu":
+        return forget_gpu(args)
     from gpuctl.fleet.bootstrap import (Bootstrap, BootstrapError, BootstrapOptions, check_wheel, find_source_dir,
                                         load_unit_template, resolve_target)
 

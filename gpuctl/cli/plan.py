@@ -141,7 +141,7 @@ def timeline_rows(plan: Any, segs: list[Any], from_s: float, to_s: float, width:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from gpuctl.cli.output import console, emit_json
+    from gpuctl.cli.output import console, emit_json, print_table
     from gpuctl.fleet.plan import segments
     from gpuctl.timeparse import show_local
 
@@ -173,7 +173,7 @@ def _show(args: argparse.Namespace) -> int:
         t.add_row(show_local(s.start_s), show_local(s.end_s),
                   *[f"{by.get(d, 0):g}" + (f" (short {short[d]:g})" if d in short else "") for d in depts])
     con = console()
-    con.print(t)
+    print_table(t)
     rows = timeline_rows(plan, segs, from_s, to_s)
     name_w = max(len(d) for d in rows)
     con.print(f"{'':{name_w}}  {show_local(from_s)}  ..  {show_local(to_s)}")
@@ -185,7 +185,7 @@ def _show(args: argparse.Namespace) -> int:
 def _apply(args: argparse.Namespace) -> int:
     from gpuctl.cli.context import open_fleet
     from gpuctl.cli.errors import UsageError
-    from gpuctl.cli.output import confirm, console, emit_json, err
+    from gpuctl.cli.output import confirm, emit_json, err, print_table
     from gpuctl.fleet.plan_apply import PoolSlice, plan_entries
     from gpuctl.fleet.reassign import _gpu_usable
     from gpuctl.timeparse import show_local
@@ -230,7 +230,7 @@ def _apply(args: argparse.Namespace) -> int:
             for e in ap.entries:
                 t.add_row(show_local(e.at_s), e.src, e.dst, str(e.count), e.label,
                           "installed" if e.installed else ("would add" if args.dry_run else "add"))
-            console().print(t)
+            print_table(t)
             n_cancel = sum(len(v) for v in cancel.values())
             print(f"{len(add)} to add, {len(doc['unchanged'])} unchanged, {n_cancel} to cancel")
         if args.dry_run or (not add and not cancel):

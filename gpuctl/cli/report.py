@@ -88,6 +88,7 @@ def _print_table(report: dict[str, Any], suggestions: list[dict[str, Any]] | Non
     from rich.console import Console
     from rich.table import Table
 
+    from gpuctl.cli.output import print_table
     from gpuctl.fleet.usage_report import FIGURES
 
     heads = {"owned_gpu_h": "owned GPU-h", "leased_gpu_h": "leased GPU-h", "used_gpu_h": "used GPU-h",
@@ -106,11 +107,11 @@ def _print_table(report: dict[str, Any], suggestions: list[dict[str, Any]] | Non
     tot = report["total"]
     t.add_row(*(["total"] + [""] * (len(keys) - 1)), *[_fmt(tot[f]) for f in FIGURES],
               "incomplete" if tot["incomplete"] else "", style="bold")
+    print_table(t)
     console = Console(highlight=False)
-    console.print(t)
     if suggestions is not None:
         if not suggestions:
-            console.print("nothing to move: no lease was refused for lack of idle slices in this period")
+            console.print("nothing to move: no lease was refused for lack of free slices in this period")
         for s in suggestions:
             if s["command"]:
                 console.print(f"{s['to']} (priority {s['to_priority']}) had {s['refusals']} lease request(s) refused; "

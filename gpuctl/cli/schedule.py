@@ -117,7 +117,7 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, doc: dict[str, Any]) -> None:
-    from gpuctl.cli.output import console, emit_json, fraction_label
+    from gpuctl.cli.output import emit_json, fraction_label, print_table
 
     if args.json:
         emit_json(doc)
@@ -135,12 +135,12 @@ def _report(args: argparse.Namespace, doc: dict[str, Any]) -> None:
                   st.get("status", "planned") + (f": {st['error']}" if st.get("error") else ""))
     for m in doc["already"]:
         t.add_row(m["node"], "", m["slice_id"], fraction_label(m["fraction"]), "already installed")
-    console().print(t)
+    print_table(t)
 
 
 def _list(args: argparse.Namespace) -> int:
     from gpuctl.cli.context import check_node, load_config, open_fleet
-    from gpuctl.cli.output import console, emit_json, err
+    from gpuctl.cli.output import emit_json, err, print_table
     from gpuctl.fleet.schedule import entries, entry_note
     from gpuctl.timeparse import show_local
 
@@ -162,7 +162,7 @@ def _list(args: argparse.Namespace) -> int:
         for e in found:
             t.add_row(e["id"], show_local(e["at_s"]), e["node"], e["from"], e["to"], str(len(e["slice_ids"])),
                       e["status"], entry_note(e))
-        console().print(t)
+        print_table(t)
     for node, why in errors.items():
         err(f"node {node}: its schedule is not shown: {why}")
     return ExitCode.UNREACHABLE if errors else ExitCode.OK

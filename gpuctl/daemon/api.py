@@ -152,16 +152,43 @@ def parse_deadline(data: dict[str, Any]) -> float | None:
     return float(value)
 
 
-def parse_split(data: dict[str, Any]) -> tuple[str, int, str, int]:
-    """Validate a POST /v1/split body; returns (request_id, generation, gpu_uuid, parts)."""
-    _no_unknown(data, {"request_id", "generation", "gpu_uuid", "parts"})
+#: The fractions a slice may have (1, 1/2, 1/4, 1/8: exact in binary floating point).
+SLICE_FRACTIONS = (1.0, 0.5, 0.25, 0.125)
+
+
+def parse_split(data: dict[str, Any]) -> tuple[str, int, str, int | list[float], str | None]:
+    """Validate a POST /v1/split body; returns (request_id, generation, gpu_uuid, parts or
+    fractions, department). Exactly one of ``parts`` (1, 2, 4 or 8 equal slices) and ``fractions``
+    (a list of 1, 0.5, 0.25, 0.125 adding up to 1, e.g. [0.5, 0.25, 0.25]: the new slices in
+    order); ``department`` (optional): the owner of the new slices, which may differ from the
+    current ones (a merge `--to`); without it all current slices must have one owner."""
+    _no_unknown(data, {"request_id", "generation", "gpu_uuid", "parts", "fractions", "department"})
     rid = _request_id(data)
     gen = _generation(data)
     gpu_uuid = _get(data, "gpu_uuid", str, "gpu_uuid")
+    if ("parts" in data) == ("fractions" in data):
+        raise ApiError(400, "invalid_field", "give exactly one of parts (equal slices) and fractions", "parts")
+    department = None
+    if "department" in data:
+        department = _get(data, "department", str, "department")
+        if not department or len(department) > 100 or not department.isprintable():
+            raise ApiError(400, "invalid_field", "department must be 1..100 printable characters", "department")
+    if "fractions" in data:
+        fractions = _get(data, "fractions", list, "fractions")
+        if not 1 <= len(fractions) <= 8:
+            raise ApiError(400, "invalid_field", f"fractions must list 1..8 slices, got {len(fractions)}", "fractions")
+        for i, f in enumerate(fractions):
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or float(f) not in SLICE_FRACTIONS:
+                raise ApiError(400, "invalid_field", f"fractions[{i}] must be one of 1, 0.5, 0.25, 0.125, got "
+                               f"{printable(repr(f), 40)}", f"fractions[{i}]")
+        if sum(float(f) for f in fractions) != 1.0:
+            raise ApiError(400, "invalid_field", f"fractions must add up to 1 (the whole GPU), got "
+                           f"{sum(float(f) for f in fractions):g}", "fractions")
+        return rid, gen, gpu_uuid, [float(f) for f in fractions], department
     parts = _get(data, "parts", int, "parts")
     if parts not in ALLOWED_PARTS:
         raise ApiError(400, "invalid_field", f"parts must be one of {', '.join(map(str, ALLOWED_PARTS))}, got {parts}", "parts")
-    return rid, gen, gpu_uuid, parts
+    return rid, gen, gpu_uuid, parts, department
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,6 +233,7 @@ class ControlApi:
         self.add_route("GET", "/v1/slices", self.slices)
         self.add_route("POST", "/v1/assign", self.assign)
         self.add_route("POST", "/v1/split", self.split)
+        self.add_route("POST", "/v1/gpus/forget", self.forget_gpu)
         self.add_route("GET", "/v1/requests/", self.request_answer, prefix=True)
 
     def add_route(self, method: str, path: str, handler: Handler, *, prefix: bool = False) -> None:
@@ -341,8 +369,20 @@ class ControlApi:
             for hook in self.assign_hooks:
                 hook()
 
+    def forget_gpu(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
+        """POST /v1/gpus/forget ``{"request_id", "generation", "gpu_uuid"}``: retire a GPU the
+        backend no longer reports (NodeStateManager.forget_gpu)."""
+        data = request.json_object()
+        _no_unknown(data, {"request_id", "generation", "gpu_uuid"})
+        rid, gen = _request_id(data), _generation(data)
+        gpu_uuid = _get(data, "gpu_uuid", str, "gpu_uuid")
+        request.note = f"request_id={rid}"
+        return 200, self.state.forget_gpu(rid, gen, gpu_uuid)
+
     def split(self, request: ApiRequest) -> tuple[int, dict[str, Any]]:
         """POST /v1/split: validate the body, then NodeStateManager.split."""
-        rid, gen, gpu_uuid, parts = parse_split(request.json_object())
+        rid, gen, gpu_uuid, parts, department = parse_split(request.json_object())
         request.note = f"request_id={rid}"
-        return 200, self.state.split(rid, gen, gpu_uuid, parts)
+        if isinstance(parts, list):
+            return 200, self.state.split(rid, gen, gpu_uuid, len(parts), fractions=parts, department=department)
+        return 200, self.state.split(rid, gen, gpu_uuid, parts, department=department)

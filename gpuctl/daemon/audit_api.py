@@ -53,6 +53,8 @@ def action_of(request: ApiRequest) -> str:
         return "assign"
     if path == "/v1/split":
         return "split"
+    if path == "/v1/gpus/forget":
+        return "forget gpu"
     if path == "/v1/leases" and method == "POST":
         return "lease grant"
     if path.startswith("/v1/leases/"):

@@ -140,6 +140,12 @@ class UnknownGpu(StateError):
     code = "unknown_gpu"
 
 
+class GpuPresent(StateError):
+    """A forget of a GPU the backend still reports (only a missing, replaced GPU is forgotten)."""
+
+    code = "gpu_present"
+
+
 class UnknownLease(StateError):
     """No lease with that id on this node."""
 

@@ -426,7 +426,7 @@ class LeaseManager:
                       "gpu_uuid": gpu_uuid, "device_uuid": device_uuid, "mps": mps_daemon is not None,
                       "gpu_uuids": gpu_uuids, "gpu_indices": [self.gpu_index[u] for u in gpu_uuids],
                       "warnings": warnings, "memory_quota_bytes": quota, "compute_share": share,
-                      "quota_bytes": quota}
+                      "quota_bytes": quota, "gpu_equivalents": round(sum(s.fraction for s in chosen), 9)}
             if quota_note is not None:
                 answer["quota_cap"] = quota_note
             if req.attach == "native":
@@ -480,8 +480,8 @@ class LeaseManager:
         pick = best_pick(slices, req.department, self.gpu_index, count=req.slices, gpus=req.gpus)
         if pick is None:
             raise InsufficientSlices(
-                f"node {self.hostname}: no GPU has idle slices of department {req.department!r} covering "
-                f"{describe_amount(req.slices, req.gpus)} (a lease holds slices of one GPU); idle slices of "
+                f"node {self.hostname}: no GPU has free slices of department {req.department!r} covering "
+                f"{describe_amount(req.slices, req.gpus)} (a lease holds slices of one GPU); free slices of "
                 f"{req.department}: {describe_idle(slices, req.department, self.gpu_index)}",
                 field="slices" if req.slices is not None else "gpus")
         return pick.slices

@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "host memory (default: half of MemAvailable when gpuctld starts)")
     from gpuctl.daemon import observability
 
+    p.add_argument("--log-level", choices=("debug", "info", "warning"), default="info",
+                   help="stderr log level (default info: changes and refusals; debug adds every read, "
+                        "e.g. each GET /v1/status poll)")
     observability.add_arguments(p)  # --history, --no-usage, --metrics-listen, --metrics-node
     p.add_argument("--clock-offset-file", metavar="FILE", default=None,
                    help="tests: seconds added to the clock of schedules and audit records, read from FILE")
@@ -201,7 +204,7 @@ def serve_main(args: argparse.Namespace) -> int:
                                      StateStore, StateWriteError)
     from gpuctl.daemon.telemetry import Sampler
 
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+    logging.basicConfig(stream=sys.stderr, level=getattr(logging, str(args.log_level).upper()),
                         format="%(asctime)s gpuctld: %(message)s", force=True)
     state_dir = args.state_dir or default_state_dir()
     socket_path = args.socket or default_socket_path()

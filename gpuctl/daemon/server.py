@@ -144,6 +144,25 @@ class _Conn:
         return bytes(self.line).split(b"\n", 1)[0].rstrip(b"\r").decode("iso-8859-1")
 
 
+#: Methods that change nothing: their answered requests are polls (the console asks every second).
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def request_log_level(request_line: str, status: int) -> int:
+    """The log level of one answered request: DEBUG for a read that succeeded (GET/HEAD/OPTIONS,
+    status < 400: a poll), INFO for anything else (a change, or any refused or failed request), so
+    the log holds changes, not polls (`gpuctld serve --log-level debug` shows the polls). A lease's
+    heartbeat (POST /v1/leases/ID/heartbeat, every ttl/3 while `gpuctl run` runs) is a keep-alive,
+    not a change: DEBUG too when it succeeds."""
+    method, _, rest = request_line.partition(" ")
+    path = rest.split(" ", 1)[0].split("?", 1)[0]
+    if status >= 400:
+        return logging.INFO
+    if method in READ_METHODS or (method == "POST" and path.startswith("/v1/leases/") and path.endswith("/heartbeat")):
+        return logging.DEBUG
+    return logging.INFO
+
+
 class _Refusals:
     """Counts refused and evicted connections; logs a line at most every REFUSAL_LOG_INTERVAL_S."""
 
@@ -514,8 +533,8 @@ class ApiServer:
         finally:
             conn.busy = False
             line = printable(conn.request_line() or "-")
-            log.info("%s \"%s\" %d %.1fms%s", conn.peer, line, status, (time.monotonic() - t0) * 1000,
-                     f" {note}" if note else "")
+            log.log(request_log_level(line, status), "%s \"%s\" %d %.1fms%s", conn.peer, line, status,
+                    (time.monotonic() - t0) * 1000, f" {note}" if note else "")
         return not close
 
     async def _write(self, conn: _Conn, data: bytes) -> None:

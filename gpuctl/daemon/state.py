@@ -41,6 +41,7 @@ from typing import Any, Callable
 from gpuctl.daemon.durable import write_atomically
 from gpuctl.daemon.errors import (  # noqa: F401 - the state manager's refusals, re-exported
     DaemonError,
+    GpuPresent,
     StateError,
     StaleGeneration,
     WrongOwner,
@@ -523,12 +524,16 @@ class NodeStateManager:
             self._commit(new)
             return answer
 
-    def split(self, request_id: str, generation: int, gpu_uuid: str, parts: int) -> dict[str, Any]:
-        """Split one GPU into `parts` equal slices (1, 2, 4 or 8), replacing its current slices.
+    def split(self, request_id: str, generation: int, gpu_uuid: str, parts: int, *,
+              fractions: list[float] | None = None, department: str | None = None) -> dict[str, Any]:
+        """Split one GPU into `parts` equal slices (1, 2, 4 or 8; 1 merges it), or into slices of
+        the given `fractions` (1, 1/2, 1/4, 1/8 adding up to 1, in order), replacing its current
+        slices.
 
         Allowed only while none of its slices is leased and all have one owner, who owns the new
-        slices. Memory quota = GPU memory total (bytes, from the backend) x fraction; compute share
-        = fraction. Returns ``{"generation", "slices": [Slice.to_json()], "replayed": False}``;
+        slices; with `department`, the current slices may have any owners and `department` owns the
+        new ones (a merge to one department). Memory quota = GPU memory total (bytes, from the
+        backend) x fraction; compute share = fraction. Returns ``{"generation", "slices": [Slice.to_json()], "replayed": False}``;
         a request id seen before returns its recorded answer. Raises StaleGeneration, UnknownGpu,
         GpuMissing (the backend no longer reports it), MigReadOnly (a MIG device, or a GPU with MIG on),
         InvalidRequest (parts), SliceLeased,
@@ -539,10 +544,15 @@ class NodeStateManager:
             if replay is not None:
                 return replay
             self._check_generation(generation)
-            if parts not in ALLOWED_PARTS:
-                raise InvalidRequest(
-                    f"parts must be one of {', '.join(map(str, ALLOWED_PARTS))}, got {parts!r}", field="parts"
-                )
+            if fractions is None:
+                if parts not in ALLOWED_PARTS:
+                    raise InvalidRequest(
+                        f"parts must be one of {', '.join(map(str, ALLOWED_PARTS))}, got {parts!r}", field="parts"
+                    )
+                fractions = [1.0 / parts] * parts
+            elif abs(sum(fractions) - 1.0) > 1e-9 or any(f not in (1.0, 0.5, 0.25, 0.125) for f in fractions):
+                raise InvalidRequest(f"fractions must be 1, 1/2, 1/4 or 1/8 adding up to 1, got {fractions}",
+                                     field="fractions")
             identity = self.gpus.get(gpu_uuid)
             new = self._state.copy()
             old = new.slices_of(gpu_uuid)
@@ -567,6 +577,8 @@ class NodeStateManager:
                 raise SliceLeased(f"GPU {gpu_uuid} cannot be split while slices are leased: {names}",
                                   field="gpu_uuid")
             owners = sorted({s.department for s in old})
+            if department is not None:
+                owners = [department]
             if len(owners) > 1:
                 raise MixedOwners(
                     f"GPU {gpu_uuid} cannot be split: its slices have different owners ({', '.join(owners)}); "
@@ -578,18 +590,53 @@ class NodeStateManager:
                 total = sum(s.memory_quota_bytes or 0 for s in old)
             for s in old:
                 del new.slices[s.id]
-            fraction = 1.0 / parts
             made = []
-            for k in range(parts):
+            for k, fraction in enumerate(fractions):
                 s = Slice(id=slice_id(gpu_uuid, k), gpu_uuid=gpu_uuid, fraction=fraction,
-                          memory_quota_bytes=None if total is None else total // parts, compute_share=fraction,
-                          department=owners[0])
+                          memory_quota_bytes=None if total is None else int(total * fraction),
+                          compute_share=fraction, department=owners[0])
                 new.slices[s.id] = s
                 made.append(s)
             answer = {"generation": self._state.generation + 1, "slices": [s.to_json() for s in made],
                       "replayed": False}
             self._record(new, request_id, "split", answer)
             self._commit(new)
+            return answer
+
+    def forget_gpu(self, request_id: str, generation: int, gpu_uuid: str) -> dict[str, Any]:
+        """Retire a GPU the backend no longer reports (replaced, removed): its slices leave the
+        state, so it no longer counts anywhere. Returns ``{"generation", "gpu_uuid", "forgotten":
+        [slice ids], "departments": {dept: GPU-equivalents it held}, "replayed": False}``; a request
+        id seen before returns its recorded answer. Raises StaleGeneration, UnknownGpu (no slice of
+        it in the state), GpuPresent (the backend reports it: it is not missing), SliceLeased (a
+        lease holds one of its slices: release or let it expire first), RequestIdReused,
+        StateWriteError."""
+        with self._lock:
+            replay = self._replay(request_id, "forget_gpu")
+            if replay is not None:
+                return replay
+            self._check_generation(generation)
+            old = self._state.slices_of(gpu_uuid)
+            if not old:
+                raise UnknownGpu(f"no GPU {gpu_uuid!r} in this node's state", field="gpu_uuid")
+            if gpu_uuid in self.gpus:
+                raise GpuPresent(f"GPU {gpu_uuid} is reported by the backend (index {self.gpus[gpu_uuid].index}): "
+                                 f"only a missing GPU is forgotten", field="gpu_uuid")
+            leased = [s for s in old if s.lease_id is not None]
+            if leased:
+                names = ", ".join(f"{s.id} (lease {s.lease_id})" for s in leased)
+                raise SliceLeased(f"GPU {gpu_uuid} cannot be forgotten while slices are leased: {names}; release "
+                                  f"the lease(s) first", field="gpu_uuid")
+            new = self._state.copy()
+            held: dict[str, float] = {}
+            for s in old:
+                del new.slices[s.id]
+                held[s.department] = held.get(s.department, 0.0) + s.fraction
+            answer = {"generation": self._state.generation + 1, "gpu_uuid": gpu_uuid,
+                      "forgotten": [s.id for s in old], "departments": held, "replayed": False}
+            self._record(new, request_id, "forget_gpu", answer)
+            self._commit(new)
+            self.missing_gpus.discard(gpu_uuid)
             return answer
 
     def add_lease(self, lease: Lease) -> int:

@@ -5,6 +5,16 @@ directory and Unix socket under a temporary directory), gives their GPUs to the 
 research, training and inference (some split into 1/2 and 1/4 slices, some left unassigned),
 writes a fleet config for them, opens the console, and stops the daemons on exit, on Ctrl-C, on
 SIGTERM, and (through PR_SET_PDEATHSIG) when this process dies.
+
+Failure handling can be tried on it: a daemon that dies (kill it) leaves the demo running with
+that node shown down; :meth:`DemoFleet.restart_dead` (SIGUSR1 to the `gpuctl demo` process, the
+console's restart command, or `--no-console --restart-after SECONDS`) starts it again on its state
+directory. Everything the demo creates lives under its temporary directory (config, sockets, state,
+and, through TMPDIR, the lease workers' run directories) and is removed on exit.
+
+Every daemon is started as ``python -P -m gpuctl.daemon`` with the demo's directory as working
+directory: a folder named ``gpuctl`` where `gpuctl demo` was run (e.g. the parent of a clone)
+never shadows the installed package.
 """
 
 from __future__ import annotations
@@ -13,11 +23,14 @@ import contextlib
 import ctypes
 import json
 import shutil
+import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -49,6 +62,49 @@ def _pdeathsig() -> None:  # pragma: no cover - runs in the child between fork a
         pass
 
 
+def spawn_daemon(command: list[str], log: Path, root: Path) -> subprocess.Popen:
+    """Start one demo gpuctld: `command` (argv, see :func:`daemon_command`), output appended to
+    `log`, working directory `root` and TMPDIR `root`/tmp (lease run directories stay in the demo's
+    directory), SIGTERM'd when this process dies."""
+    tmp = root / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, TMPDIR=str(tmp))
+    with open(log, "ab") as logf:
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, cwd=str(root),
+                                env=env, preexec_fn=_pdeathsig)
+
+
+def _without_history(command: list[str]) -> list[str]:
+    """`command` less ``--history VALUE``: a restarted node keeps the past already in its database."""
+    out, skip = [], False
+    for tok in command:
+        if skip:
+            skip = False
+        elif tok == "--history":
+            skip = True
+        else:
+            out.append(tok)
+    return out
+
+
+#: The demo fleet this process runs (set by :func:`demo_fleet`), for the console's restart command.
+_current: "DemoFleet | None" = None
+
+
+def current_demo() -> "DemoFleet | None":
+    """The DemoFleet that `gpuctl demo` runs in this process, or None (not a demo). The console's
+    `:node NAME restart` calls ``current_demo().restart(NAME)`` (blocking: from a worker thread)."""
+    return _current
+
+
+def daemon_command(*, gpus: int, seed: int, state: Path, sock: Path) -> list[str]:
+    """argv of one demo gpuctld: ``python -P -m gpuctl.daemon serve --backend simulated ...`` (-P:
+    the working directory is never on sys.path, so only the installed gpuctl is imported)."""
+    return [sys.executable, "-P", "-m", "gpuctl.daemon", "serve", "--backend", "simulated",
+            "--gpus", str(gpus), "--seed", str(seed), "--state-dir", str(state),
+            "--socket", str(sock), "--interval", "1"]
+
+
 @dataclass
 class DemoNode:
     """One simulated node: its name, daemon process, socket and state directory."""
@@ -58,6 +114,11 @@ class DemoNode:
     state_dir: Path
     proc: subprocess.Popen
     log: Path
+
+    @property
+    def alive(self) -> bool:
+        """True while its gpuctld process runs."""
+        return self.proc.poll() is None
 
 
 @dataclass
@@ -69,9 +130,60 @@ class DemoFleet:
     nodes: list[DemoNode] = field(default_factory=list)
     #: copies of the config written elsewhere (--write-config), removed by stop()
     extra_files: list[Path] = field(default_factory=list)
+    _restart_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: the one thread that starts restarted daemons: PR_SET_PDEATHSIG fires when the *thread* that
+    #: forked the child ends, so a daemon started from a short-lived thread (a console worker, a
+    #: signal's helper thread) would be SIGTERM'd at once; this thread lives as long as the demo
+    _spawner: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="demo-spawn"), repr=False)
+
+    def node(self, name: str) -> DemoNode:
+        """The node called `name`; KeyError (naming the known ones) for another name."""
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(f"no demo node {name!r} (nodes: {', '.join(n.name for n in self.nodes)})")
+
+    def dead(self) -> list[DemoNode]:
+        """Nodes whose gpuctld is not running (killed, crashed)."""
+        return [n for n in self.nodes if not n.alive]
+
+    def restart(self, name: str, timeout_s: float = 20.0) -> bool:
+        """Start node `name`'s gpuctld again (same command, same state directory: slices, owners
+        and schedule are restored; leases found at start-up are ended) and wait until it answers.
+        A node still running is SIGTERM'd first. Returns True when it answers; raises KeyError for
+        an unknown node, RuntimeError (with the log's tail) when it does not come back."""
+        n = self.node(name)
+        with self._restart_lock:
+            if n.alive:
+                n.proc.terminate()
+                try:
+                    n.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    n.proc.kill()
+                    n.proc.wait()
+            n.proc = self._spawner.submit(spawn_daemon, _without_history(list(n.proc.args)), n.log,
+                                          self.root).result()
+            _wait_ready(n, timeout_s)
+        return True
+
+    def restart_dead(self) -> list[str]:
+        """Restart every node whose gpuctld is not running; returns their names (restarted).
+        Raises RuntimeError for one that does not come back (the others are still restarted first)."""
+        names, failed = [], []
+        for n in self.dead():
+            try:
+                self.restart(n.name)
+                names.append(n.name)
+            except RuntimeError as e:
+                failed.append(str(e))
+        if failed:
+            raise RuntimeError("; ".join(failed))
+        return names
 
     def stop(self) -> None:
-        """SIGTERM every daemon, wait up to 5 s, then SIGKILL what is left; remove the directory."""
+        """SIGTERM every daemon, wait up to 5 s, then SIGKILL what is left; remove the directory
+        (config, sockets, state, lease run directories) and the --write-config copy."""
         for n in self.nodes:
             if n.proc.poll() is None:
                 n.proc.terminate()
@@ -82,6 +194,7 @@ class DemoFleet:
             except subprocess.TimeoutExpired:
                 n.proc.kill()
                 n.proc.wait()
+        self._spawner.shutdown(wait=False)
         shutil.rmtree(self.root, ignore_errors=True)
         for extra in self.extra_files:
             extra.unlink(missing_ok=True)
@@ -163,12 +276,7 @@ def start_demo_fleet(nodes: int = 4, gpus: int = 8, seed: int = 0, root: Path | 
             ndir = root / name
             ndir.mkdir(parents=True, exist_ok=True)
             sock, state, log = ndir / "gpuctld.sock", ndir / "state", ndir / "gpuctld.log"
-            with open(log, "wb") as logf:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "gpuctl.daemon", "serve", "--backend", "simulated",
-                     "--gpus", str(gpus), "--seed", str(seed + k), "--state-dir", str(state),
-                     "--socket", str(sock), "--interval", "1"],
-                    stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, preexec_fn=_pdeathsig)
+            proc = spawn_daemon(daemon_command(gpus=gpus, seed=seed + k, state=state, sock=sock), log, root)
             fleet.nodes.append(DemoNode(name, sock, state, proc, log))
         for i, n in enumerate(fleet.nodes):
             _wait_ready(n)
@@ -176,7 +284,8 @@ def start_demo_fleet(nodes: int = 4, gpus: int = 8, seed: int = 0, root: Path | 
         if history:
             from gpuctl.fleet.demo_history import restart_with_history
 
-            restart_with_history(fleet.nodes, history, _pdeathsig, _wait_ready)
+            restart_with_history(fleet.nodes, history, lambda command, log: spawn_daemon(command, log, root),
+                                 _wait_ready)
         loc = Location(str(fleet.config_path), 0)
         cfg = FleetConfig(
             path=fleet.config_path,
@@ -203,7 +312,10 @@ def demo_fleet(nodes: int = 4, gpus: int = 8, seed: int = 0, *,
     def on_term(signum, frame):  # noqa: ARG001 - signal handler signature
         raise KeyboardInterrupt
 
+    global _current
     old = signal.signal(signal.SIGTERM, on_term)
+    old_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: restart_dead_in_background(fleet))
+    _current = fleet
     try:
         if write_config:
             Path(write_config).write_text(fleet.config_path.read_text(encoding="utf-8"), encoding="utf-8")
@@ -211,23 +323,65 @@ def demo_fleet(nodes: int = 4, gpus: int = 8, seed: int = 0, *,
         yield fleet
     finally:
         signal.signal(signal.SIGTERM, old)
+        signal.signal(signal.SIGUSR1, old_usr1)
+        _current = None
         fleet.stop()
 
 
-def serve_without_console(fleet: DemoFleet, *, json_out: bool = False) -> int:
+def restart_dead_in_background(fleet: DemoFleet) -> threading.Thread:
+    """Restart the fleet's dead nodes in a thread (what SIGUSR1 does: a signal handler must not
+    block the console); each restart, or why it failed, is one line on stderr."""
+    def run() -> None:
+        try:
+            names = fleet.restart_dead()
+        except RuntimeError as e:
+            print(f"gpuctl demo: restart failed: {e}", file=sys.stderr, flush=True)
+            return
+        if names:
+            print(f"gpuctl demo: restarted {', '.join(names)}", file=sys.stderr, flush=True)
+
+    t = threading.Thread(target=run, name="demo-restart", daemon=True)
+    t.start()
+    return t
+
+
+def serve_without_console(fleet: DemoFleet, *, json_out: bool = False, restart_after_s: float | None = None) -> int:
     """`gpuctl demo --no-console`: print the config path (stdout; JSON with the node names and pids
-    when json_out), then wait until a daemon exits or Ctrl-C/SIGTERM. Returns ExitCode.OK."""
+    when json_out), then wait until Ctrl-C/SIGTERM. A daemon that dies is said once on stderr and
+    the demo keeps running with that node down (SIGUSR1 restarts dead nodes); with
+    `restart_after_s`, a dead node is restarted that many seconds after it was seen down.
+    Returns ExitCode.OK."""
     info = {"config": str(fleet.config_path), "nodes": [n.name for n in fleet.nodes],
-            "pids": [n.proc.pid for n in fleet.nodes]}
+            "pids": [n.proc.pid for n in fleet.nodes], "pid": os.getpid()}
     if json_out:
         print(json.dumps(info), flush=True)
     else:
         print(f"demo fleet running; config: {fleet.config_path}", flush=True)
-        print(f"try: gpuctl --config {fleet.config_path} status    (Ctrl-C stops the demo)",
-              file=sys.stderr, flush=True)
+        print(f"try: gpuctl --config {fleet.config_path} status    (Ctrl-C stops the demo; kill a node's "
+              f"gpuctld to see it down, `kill -USR1 {os.getpid()}` restarts it)", file=sys.stderr, flush=True)
+    down_since: dict[str, float] = {}
     try:
-        while all(n.proc.poll() is None for n in fleet.nodes):
-            time.sleep(0.5)
+        while True:
+            now = time.monotonic()
+            for n in fleet.nodes:
+                if n.alive:
+                    if n.name in down_since:
+                        print(f"gpuctl demo: node {n.name} is back (pid {n.proc.pid})", file=sys.stderr, flush=True)
+                        del down_since[n.name]
+                    continue
+                if n.name not in down_since:
+                    down_since[n.name] = now
+                    print(f"gpuctl demo: node {n.name} is down (gpuctld exited with {n.proc.returncode}); the demo "
+                          f"goes on without it" + (f", restart in {restart_after_s:g} s" if restart_after_s is not None
+                                                   else f"; `kill -USR1 {os.getpid()}` restarts it"),
+                          file=sys.stderr, flush=True)
+                elif restart_after_s is not None and now - down_since[n.name] >= restart_after_s:
+                    try:
+                        fleet.restart(n.name)
+                    except RuntimeError as e:
+                        print(f"gpuctl demo: restart of {n.name} failed: {e}", file=sys.stderr, flush=True)
+                        down_since[n.name] = now
+            time.sleep(0.2)
     except KeyboardInterrupt:
         pass
     return ExitCode.OK

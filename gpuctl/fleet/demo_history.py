@@ -3,7 +3,6 @@ slices have owners, so the simulated past is the demo departments' past (headles
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -11,12 +10,13 @@ from typing import Any
 from gpuctl.daemon.usage_db import DB_NAME
 
 
-def restart_with_history(nodes: Sequence[Any], history: str, preexec: Callable[[], None],
+def restart_with_history(nodes: Sequence[Any], history: str, spawn: Callable[[list[str], Path], Any],
                          wait_ready: Callable[[Any], None]) -> None:
     """SIGTERM each node's gpuctld (gpuctl.fleet.demo.DemoNode), drop the seconds of usage it recorded
     before its slices had owners (the simulated past takes their place, so the past and the live
     recording meet without a gap), start it again with the same command plus ``--history
-    HISTORY``, and wait until it answers. Raises RuntimeError (from wait_ready) naming the node
+    HISTORY`` (``spawn(command, log)`` starts it: gpuctl.fleet.demo.spawn_daemon), and wait until it
+    answers. Raises RuntimeError (from wait_ready) naming the node
     when one does not come back."""
     for n in nodes:
         n.proc.terminate()
@@ -24,9 +24,6 @@ def restart_with_history(nodes: Sequence[Any], history: str, preexec: Callable[[
         n.proc.wait(timeout=10)
         for f in Path(n.state_dir).glob(f"{DB_NAME}*"):
             f.unlink()
-        command = list(n.proc.args) + ["--history", history]
-        with open(n.log, "ab") as logf:
-            n.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                      preexec_fn=preexec)
+        n.proc = spawn(list(n.proc.args) + ["--history", history], n.log)
     for n in nodes:
         wait_ready(n)

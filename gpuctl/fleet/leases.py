@@ -3,7 +3,8 @@
 Node choice (no node named): every reachable node's status is read and each node's best lease is
 computed with the daemon's own rule (:mod:`gpuctl.leasing`: smallest total fraction covering the
 request on one GPU, then fewest slices, then the GPU with the least idle capacity of the
-department); the node with the best one wins, ties going to the first in the fleet config. When
+department); the node with the best one wins, ties going to the first in the fleet config (a GPU's
+index only breaks ties within one node: it says nothing across nodes). When
 that node refuses because another client took the slices meanwhile, the next is tried.
 """
 
@@ -44,8 +45,9 @@ def choose_nodes(snapshot: Any, dept: str, count: int | None, gpus: float | None
         gpu_index = {g.identity.uuid: g.identity.index for g in n.gpus if g.identity.index >= 0}
         pick = best_pick(n.slices(), dept, gpu_index, count=count, gpus=gpus)
         if pick is not None:
-            scored.append((pick.key, order, n.name))
-    return [name for _, _, name in sorted(scored)]
+            # (fraction, slices, idle left on that GPU), then config order, then the GPU index
+            scored.append((pick.key[:3], order, pick.key[3:], n.name))
+    return [name for *_, name in sorted(scored)]
 
 
 def acquire(fleet: Any, *, dept: str, count: int | None, gpus: float | None, node: str | None,
@@ -69,8 +71,8 @@ def acquire(fleet: Any, *, dept: str, count: int | None, gpus: float | None, nod
                 f"{n.name}: " + describe_idle(n.slices(), dept, {g.identity.uuid: g.identity.index
                                                                   for g in n.gpus if g.identity.index >= 0})
                 for n in snap.nodes if n.reachable)
-            msg = (f"no node has idle slices of {dept!r} covering {describe_amount(count, gpus)} on one GPU "
-                   f"(a lease holds slices of one GPU); idle slices of {dept}: {idle or 'no node reachable'}")
+            msg = (f"no node has free slices of {dept!r} covering {describe_amount(count, gpus)} on one GPU "
+                   f"(a lease holds slices of one GPU); free slices of {dept}: {idle or 'no node reachable'}")
             if unreachable:
                 msg += f"; unreachable: {', '.join(unreachable)}"
             raise AcquireError(msg, "unreachable" if unreachable else "insufficient_slices")

@@ -125,7 +125,8 @@ class Plan:
     generations: dict[str, int] = field(default_factory=dict)
     replay_complete: bool = False
     #: exit code when nothing could be planned: NOTHING_TO_DO (too few idle slices), CONFLICT
-    #: (a named slice is leased or owned by another department), USAGE (no such slice)
+    #: (a named slice is leased or owned by another department; before NOTHING_TO_DO for a slice id
+    #: that is nowhere), UNREACHABLE (a named slice is not on the nodes that answered while some did not)
     shortfall_code: ExitCode = ExitCode.NOTHING_TO_DO
 
     @property
@@ -279,23 +280,33 @@ def plan(snapshot: FleetSnapshot, req: ReassignRequest, already: list[Move] | No
         if missing:
             owners = {s.id: (n.name, s) for n in snapshot.nodes for s in n.slices()}
             reasons = []
-            p.shortfall_code = ExitCode.CONFLICT
+            codes = set()
             for sid in missing:
                 if sid not in owners:
-                    reasons.append(f"{sid}: no such slice in the fleet")
-                    p.shortfall_code = ExitCode.USAGE
-                else:
-                    _, s = owners[sid]
-                    if s.department != req.src:
-                        reasons.append(f"{sid}: owned by {s.department}, not {req.src}")
-                    elif s.pending is not None:
-                        reasons.append(f"{sid}: already waiting to move to {s.pending.get('to')} when lease "
-                                       f"{s.lease_id} ends (use --revoke to move it now)")
-                    elif s.leased:
-                        reasons.append(f"{sid}: leased by {s.lease_id} (use --drain or --revoke)")
+                    down = sorted(n.name for n in snapshot.nodes if not n.reachable)
+                    if down:  # it may be a slice of a node that did not answer
+                        reasons.append(f"{sid}: not found on the nodes that answered (unreachable: "
+                                       f"{', '.join(down)})")
+                        codes.add(ExitCode.UNREACHABLE)
                     else:
-                        reasons.append(f"{sid}: not movable now (GPU error or pending move)")
+                        reasons.append(f"{sid}: no such slice in the fleet")
+                        codes.add(ExitCode.NOTHING_TO_DO)
+                    continue
+                codes.add(ExitCode.CONFLICT)
+                _, s = owners[sid]
+                if s.department != req.src:
+                    reasons.append(f"{sid}: owned by {s.department}, not {req.src}")
+                elif s.pending is not None:
+                    reasons.append(f"{sid}: already waiting to move to {s.pending.get('to')} when lease "
+                                   f"{s.lease_id} ends (use --revoke to move it now)")
+                elif s.leased:
+                    reasons.append(f"{sid}: leased by {s.lease_id} (use --drain or --revoke)")
+                else:
+                    reasons.append(f"{sid}: not movable now (GPU error or pending move)")
             p.shortfall = "; ".join(reasons)
+            # a node that did not answer may hold it, else a slice in the way, else nothing matched
+            p.shortfall_code = next(c for c in (ExitCode.UNREACHABLE, ExitCode.CONFLICT, ExitCode.NOTHING_TO_DO)
+                                    if c in codes)
             return p
         p.moves = [by_id[sid] for sid in req.slice_ids if sid in by_id]
         p.replay_complete = not p.moves
@@ -306,7 +317,7 @@ def plan(snapshot: FleetSnapshot, req: ReassignRequest, already: list[Move] | No
             p.replay_complete = True
             return p
         if len(cands) < want:
-            p.shortfall = (f"only {len(cands)} idle slice(s) of {req.src} can move, {want} asked"
+            p.shortfall = (f"only {len(cands)} free slice(s) of {req.src} can move, {want} asked"
                            f"{leased_note}")
             return p
         p.moves = cands[:want]
@@ -325,7 +336,7 @@ def plan(snapshot: FleetSnapshot, req: ReassignRequest, already: list[Move] | No
                 break
     if left > _EPS:
         have = sum(m.fraction for m in cands)
-        p.shortfall = (f"cannot make {want_g:g} GPU-equivalents from the idle slices of {req.src} "
+        p.shortfall = (f"cannot make {want_g:g} GPU-equivalents from the free slices of {req.src} "
                        f"({have:g} available in fractions that do not add up){leased_note}")
         return p
     p.moves = chosen

@@ -9,6 +9,8 @@ import json
 
 import pytest
 
+from gpuctl.exit_codes import ExitCode
+
 from daemon_proc import start_daemon
 from fleet_fixtures import owners, run_cli
 from gpuctl.fleet.client import FleetClient
@@ -69,7 +71,7 @@ def test_bad_values_are_usage_errors_and_move_nothing(fleet, extra, words):
         assert doc["moved"] == [] and doc["exit_code"] == 4
         return
     assert r.code == 2, (r.code, r.stderr)
-    assert r.stdout == ""
+    assert json.loads(r.stdout)["error"]["code"] == 2  # --json: the error as one document
     assert words in r.stderr
 
 
@@ -102,11 +104,14 @@ def test_request_ids_with_url_characters_replay_and_are_found(fleet):
     (("--config", "/nonexistent/fleet.toml", "status"), 3),
     (("--config", "/etc", "status"), 3),
 ])
-def test_json_mode_stdout_is_empty_or_json_on_errors(fleet, args, code):
+def test_json_mode_errors_are_a_json_document_and_a_message(fleet, args, code):
+    # Before: stdout was empty with --json, so a script had only the exit code.
     cfg, _ = fleet
     if args[0] != "--config":
         args = ("--config", str(cfg), *args)
     r = run_cli(*args, "--json")
     assert r.code == code, r.stderr
-    assert r.stdout == ""
     assert r.stderr.startswith("gpuctl: ")
+    e = json.loads(r.stdout)["error"]
+    assert e["code"] == code and e["name"] == ExitCode(code).name
+    assert r.stderr.strip() == f"gpuctl: {e['message']}"

@@ -9,7 +9,7 @@ import pytest
 
 from daemon_proc import start_daemon
 from gpuctl.backends.simulated import MEMORY_TOTAL_BYTES
-from fleet_fixtures import daemon_slices, owners, run_cli
+from fleet_fixtures import daemon_slices, json_error_or_nothing, owners, run_cli
 
 CONFIG = """
 [[department]]
@@ -106,7 +106,7 @@ def test_reassign_shortfall_exit_code_and_message(fleet):
     r = run_cli("--config", str(cfg), "reassign", "--from", "research", "--to", "training", "--count", "1",
                 "--yes")
     assert r.code == 4
-    assert "only 0 idle slice(s) of research can move, 1 asked" in r.stderr
+    assert "only 0 free slice(s) of research can move, 1 asked" in r.stderr
     assert daemon_slices(d1.socket_path) == before
 
 
@@ -152,7 +152,7 @@ def test_usage_and_config_errors(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[[node]]\nname = "x"\nport = "abc"\nhost = "h"\n')
     r = run_cli("--config", str(bad), "status", "--json")
-    assert r.code == 3 and f"{bad}:3" in r.stderr and r.stdout == ""
+    assert r.code == 3 and f"{bad}:3" in r.stderr and json_error_or_nothing(r)["name"] == "CONFIG"
 
 
 def test_config_without_nodes_is_a_config_error(tmp_path):
@@ -161,7 +161,7 @@ def test_config_without_nodes_is_a_config_error(tmp_path):
     r = run_cli("--config", str(empty), "status", "--json")
     assert r.code == 3
     assert f"{empty}: defines no nodes: add a [[node]] table" in r.stderr
-    assert r.stdout == ""
+    assert json_error_or_nothing(r)["code"] == 3
     check = run_cli("--config", str(empty), "config", "check")  # agrees with status (issue 7 item 5)
     assert check.code == 3 and f"{empty}: defines no nodes: add a [[node]] table" in check.stderr
 
@@ -240,3 +240,33 @@ def test_unassigned_slices_cannot_be_leased(fleet):
         assert err["field"] == "department"
         assert "unassigned slices belong to no department and cannot be leased" in err["message"]
     assert daemon_slices(d1.socket_path) == before
+
+
+def test_reassign_exit_codes_match_the_readme_table(fleet):
+    # Before: --slice bogus exited 2 (USAGE) while README's table says "nothing matched" is 4.
+    cfg, d1, d2 = fleet
+    before = daemon_slices(d1.socket_path)
+    r = run_cli("--config", str(cfg), "--json", "reassign", "--from", "unassigned", "--to", "research",
+                "--slice", "bogus/0", "--yes")
+    assert r.code == 4, r.stderr
+    assert "bogus/0: no such slice in the fleet" in r.stderr and r.json["exit_code"] == 4
+    d2.stop()
+    for amount in (("--count", "1"), ("--gpus", "1"), ("--slice", "bogus/0")):
+        r = run_cli("--config", str(cfg), "reassign", "--from", "unassigned", "--to", "research", *amount,
+                    "--node", "n2", "--yes")
+        assert r.code == 7, (amount, r.code, r.stderr)  # UNREACHABLE: n2 is down
+        assert "n2" in r.stderr
+    assert daemon_slices(d1.socket_path) == before
+
+
+def test_json_error_document_also_for_a_verb_that_returns_a_failing_code(fleet):
+    # Before: `release --json` of an unknown lease printed its reason on stderr and nothing on stdout.
+    cfg, d1, d2 = fleet
+    r = run_cli("--config", str(cfg), "--json", "release", "lease-000000000000")
+    assert r.code == 4, r.stderr
+    assert r.json == {"error": {"code": 4, "name": "NOTHING_TO_DO",
+                                "message": "no lease 'lease-000000000000' on any reachable node"}}
+    assert r.stderr == "gpuctl: no lease 'lease-000000000000' on any reachable node\n"
+    d2.stop()
+    r = run_cli("--config", str(cfg), "--json", "renew", "lease-000000000000")
+    assert r.code == 7 and r.json["error"]["name"] == "UNREACHABLE" and "unreachable: n2" in r.json["error"]["message"]

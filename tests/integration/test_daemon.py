@@ -597,3 +597,48 @@ def test_unknown_command_is_a_usage_error(capsys):
 
     assert main(["frobnicate"]) == 2
     assert "gpuctld: unknown command 'frobnicate': use 'serve' (default) or 'bridge'" in capsys.readouterr().err
+
+
+def test_daemon_logs_changes_not_polls(tmp_path):
+    # Before: every GET /v1/status was an INFO line (one per node per second per console).
+    d = start_daemon(tmp_path, gpus=2, seed=5, name="quiet")
+    try:
+        with uds_client(d.socket_path) as c:
+            for _ in range(5):
+                assert c.get("/v1/status").status_code == 200
+            st = c.get("/v1/status").json()
+            sid = st["gpus"][0]["slices"][0]["id"]
+            r = c.post("/v1/assign", json={"request_id": "log-1", "generation": st["generation"],
+                                            "moves": [{"slice_id": sid, "from": UNASSIGNED, "to": "research"}]})
+            assert r.status_code == 200, r.text
+            assert c.get("/v1/nothing-here").status_code == 404
+        time.sleep(0.3)
+        text = d.stderr_text()
+        assert '"GET /v1/status' not in text and '"GET /v1/health' not in text
+        assert re.search(r'"POST /v1/assign HTTP/1.1" 200 ', text), text
+        assert re.search(r'"GET /v1/nothing-here HTTP/1.1" 404 ', text), text  # a refused read is said
+    finally:
+        d.stop()
+    loud = start_daemon(tmp_path, gpus=1, seed=5, name="loud", extra_args=["--log-level", "debug"])
+    try:
+        with uds_client(loud.socket_path) as c:
+            c.get("/v1/status")
+        time.sleep(0.3)
+        assert '"GET /v1/status HTTP/1.1" 200 ' in loud.stderr_text()
+    finally:
+        loud.stop()
+
+
+def test_request_log_levels():
+    import logging
+
+    from gpuctl.daemon.server import request_log_level
+
+    assert request_log_level("GET /v1/status HTTP/1.1", 200) == logging.DEBUG
+    assert request_log_level("HEAD /v1/health HTTP/1.1", 200) == logging.DEBUG
+    assert request_log_level("POST /v1/leases/lease-1/heartbeat HTTP/1.1", 200) == logging.DEBUG
+    assert request_log_level("POST /v1/leases/lease-1/heartbeat HTTP/1.1", 410) == logging.INFO  # lease gone: said
+    assert request_log_level("GET /v1/status HTTP/1.1", 400) == logging.INFO
+    assert request_log_level("POST /v1/assign HTTP/1.1", 200) == logging.INFO
+    assert request_log_level("DELETE /v1/leases/lease-1 HTTP/1.1", 200) == logging.INFO
+    assert request_log_level("-", 400) == logging.INFO

@@ -156,7 +156,7 @@ def test_grant_by_count_and_by_ids_on_one_gpu(node):
 
 REFUSED = [
     ({"department": "inference", "gpus": 0.25}, 409, "insufficient_slices",
-     "no GPU has idle slices of department 'inference' covering 0.25 GPU-equivalents"),
+     "no GPU has free slices of department 'inference' covering 0.25 GPU-equivalents"),
     ({"slice_ids": ["TRAINING"]}, 409, "wrong_owner", "is owned by 'training', not 'research'"),
     ({"slice_ids": ["GPU-nope/0"]}, 404, "unknown_slice", "no slice 'GPU-nope/0'"),
     ({"slice_ids": ["WHOLE", "QUARTER0"]}, 400, "invalid_field", "a lease holds slices of one GPU"),
@@ -189,13 +189,13 @@ def test_insufficient_message_lists_idle_slices_and_leased_slice_refused(node):
     assert grant(c, slice_ids=[ids["whole"]]).status_code == 201
     r = grant(c, slices=5)  # a valid count, but no GPU has 5 idle slices of research
     assert r.status_code == 409 and r.json()["error"]["code"] == "insufficient_slices"
-    assert r.json()["error"]["message"].endswith("idle slices of research: GPU 1: 1/4+1/4+1/4+1/4")
+    assert r.json()["error"]["message"].endswith("free slices of research: GPU 1: 1/4+1/4+1/4+1/4")
     r = grant(c, slices=4)
     assert r.status_code == 201
     before = slices(c)
     r = grant(c, gpus=0.125)
     assert r.status_code == 409
-    assert r.json()["error"]["message"].endswith("idle slices of research: none")
+    assert r.json()["error"]["message"].endswith("free slices of research: none")
     r = grant(c, slice_ids=[ids["whole"]])
     assert r.status_code == 409 and r.json()["error"]["code"] == "slice_leased"
     assert slices(c) == before
@@ -439,3 +439,39 @@ def test_lease_modules_are_headless():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]  # and the CLI does not load the worker launcher
+
+
+def test_node_ties_go_to_the_first_node_in_the_config_whatever_the_gpu_index():
+    # Before: the GPU index came before config order, so node b (GPU 0) beat node a (GPU 1) though
+    # README says ties go to the first node in the config.
+    from gpuctl.fleet.leases import choose_nodes
+    from gpuctl.model import FleetSnapshot, GpuIdentity, GpuStatus, NodeStatus
+
+    def node(name, owners):
+        gpus = [GpuStatus(GpuIdentity(uuid=f"{name}{i}", index=i, name="sim"), None, [_s(f"{name}{i}", 0, 1.0, o)])
+                for i, o in enumerate(owners)]
+        return NodeStatus(name, True, gpus=gpus)
+
+    snap = FleetSnapshot([node("a", ["training", "research"]), node("b", ["research"])])
+    assert choose_nodes(snap, "research", None, 0.5) == ["a", "b"]
+    # a better fit still wins over config order: a quarter on c beats the whole GPU on a
+    snap.nodes.append(NodeStatus("c", True, gpus=[GpuStatus(GpuIdentity(uuid="c0", index=3, name="sim"), None,
+                                                            [_s("c0", 0, 0.5), _s("c0", 1, 0.5, "training")])]))
+    assert choose_nodes(snap, "research", None, 0.5) == ["c", "a", "b"]
+
+
+def test_cli_lease_says_the_granted_fraction(tmp_path, node):
+    # Before: `lease --gpus 0.3` took a 1/2 slice and never said so.
+    from fleet_fixtures import run_cli
+
+    d, c, ids = node
+    cfg = tmp_path / "fleet.toml"
+    cfg.write_text(f'[[department]]\nname = "research"\n\n[[node]]\nname = "n1"\ntransport = "local"\n'
+                   f'socket = "{d.socket_path}"\n')
+    r = run_cli("--config", str(cfg), "lease", "--dept", "research", "--gpus", "0.3")
+    assert r.code == 0, r.stderr
+    assert "granted    1/2 GPU (asked 0.3: the smallest free slices covering it)\n" in r.stdout
+    r = run_cli("--config", str(cfg), "--json", "lease", "--dept", "research", "--gpus", "0.25")
+    assert r.code == 0, r.stderr
+    assert r.json["gpu_equivalents"] == 0.25 and r.json["asked_gpu_equivalents"] == 0.25
+    assert len(r.json["lease"]["slice_ids"]) == 1

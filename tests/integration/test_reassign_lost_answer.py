@@ -107,7 +107,7 @@ def test_lost_answer_is_unknown_and_rerun_while_down_refuses_then_completes(flee
     assert again.json["moved"] == [] and again.json["planned"] == []
     assert list(again.json["unsettled"]) == ["n3"]
     assert "nothing moved: request R may already be recorded on n3, which could not be asked" in again.stderr
-    assert "only 0 idle slice" not in again.stderr
+    assert "only 0 free slice" not in again.stderr
     assert (owners(d[0].socket_path), owners(d[1].socket_path)) == before
 
     proxy.up()
@@ -211,6 +211,6 @@ def test_too_few_while_a_node_is_down_is_unreachable_not_nothing_to_do(fleet):
     proxy.down()
     r = run_cli("--config", str(cfg), "reassign", "--from", "research", "--to", "training", "--count", "3", "--yes")
     assert r.code == 7, r.stderr
-    assert ("nothing moved: only 2 idle slice(s) of research can move, 3 asked; not counted: the slices of "
+    assert ("nothing moved: only 2 free slice(s) of research can move, 3 asked; not counted: the slices of "
             "unreachable node(s) n3") in r.stderr
     assert moved_total(d) == 0

@@ -97,7 +97,7 @@ def test_lease_leases_release(demo, cfg):
     for node, lease_id in (("sim-02", lid), ("sim-01", lines["lease"])):
         rel = run_cli("--config", cfg, "release", lease_id)
         assert rel.code == 0, rel.stderr
-        assert rel.stdout.strip() == f"released {lease_id} on {node}: 1 slice(s) idle"
+        assert rel.stdout.strip() == f"released {lease_id} on {node}: 1 slice(s) free"
     assert leases_of(demo) == {"sim-01": [], "sim-02": []}
     again = run_cli("--config", cfg, "release", lid)
     assert again.code == 4 and f"no lease {lid!r} on any reachable node" in again.stderr
@@ -109,7 +109,7 @@ def test_lease_refusals_change_nothing(demo, cfg):
     before = [daemon_slices(n.socket) for n in demo.nodes]
     r = run_cli("--config", cfg, "lease", "--dept", "training", "--slices", "3")
     assert r.code == 4, r.stderr
-    assert "no node has idle slices of 'training' covering 3 slice(s) on one GPU" in r.stderr
+    assert "no node has free slices of 'training' covering 3 slice(s) on one GPU" in r.stderr
     assert "sim-02: GPU 0: 1, GPU 1: 1, GPU 2: 1, GPU 3: 1, GPU 6: 1/4" in r.stderr
     assert r.stdout == ""
     for args, words in ((("--dept", "marketing", "--gpus", "1"), "--dept: unknown department 'marketing'"),

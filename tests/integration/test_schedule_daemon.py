@@ -140,7 +140,7 @@ def test_too_few_slices_is_refused_and_scheduled_slices_are_not_planned_twice(fl
             "--config", str(cfg))
     assert run_cli(*base, "--count", "3").code == 0
     r = run_cli(*base, "--count", "2")  # 4 unassigned slices, 3 already scheduled to leave
-    assert r.code == 4 and "only 1 idle slice(s) of unassigned can move, 2 asked" in r.stderr
+    assert r.code == 4 and "only 1 free slice(s) of unassigned can move, 2 asked" in r.stderr
     assert sum(len(e["slice_ids"]) for d in (d1, d2) for e in _entries(d)) == 3
 
 

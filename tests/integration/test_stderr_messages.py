@@ -68,7 +68,7 @@ def test_shortfall_and_skipped_node_are_on_stderr_in_both_modes(fleet, mode):
     r = run_cli("--config", str(cfg), *mode, "reassign", "--from", "unassigned", "--to", "training",
                 "--count", "5", "--yes")
     assert r.code == 7, r.stderr  # n2 is down: it may hold what is missing (issue 7: 7, not 4)
-    assert ("gpuctl: nothing moved: only 2 idle slice(s) of unassigned can move, 5 asked; not counted: the "
+    assert ("gpuctl: nothing moved: only 2 free slice(s) of unassigned can move, 5 asked; not counted: the "
             "slices of unreachable node(s) n2") in r.stderr
     assert "gpuctl: skipped n2: node n2: " in r.stderr
     if mode:

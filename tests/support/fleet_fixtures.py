@@ -19,6 +19,7 @@ class CliResult:
     code: int
     stdout: str
     stderr: str
+    args: tuple = ()
 
     @property
     def json(self):
@@ -33,7 +34,19 @@ def run_cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = N
     full_env.update(env or {})
     p = subprocess.run([sys.executable, "-m", "gpuctl.cli", *args], capture_output=True, text=True,
                        input=stdin or "", env=full_env, timeout=timeout_s)
-    return CliResult(p.returncode, p.stdout, p.stderr)
+    return CliResult(p.returncode, p.stdout, p.stderr, tuple(args))
+
+
+def json_error_or_nothing(r: CliResult) -> dict | None:
+    """stdout of a failed run: with `--json` among its args the one error document
+    (``{"error": {"code", "name", "message"}}``, code == the exit code, message == stderr's line),
+    else nothing. Returns the error object or None; asserts the shape."""
+    if not r.stdout:
+        return None
+    doc = json.loads(r.stdout)
+    assert list(doc) == ["error"] and doc["error"]["code"] == r.code, doc
+    assert f"gpuctl: {doc['error']['message']}" in r.stderr
+    return doc["error"]
 
 
 def daemon_slices(socket_path: str | Path) -> dict[str, dict]:

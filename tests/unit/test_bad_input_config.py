@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet_fixtures import run_cli
+from fleet_fixtures import json_error_or_nothing, run_cli
 from gpuctl.config import ConfigError, parse_config
 
 NODE = '[[node]]\nname = "{n}"\nhost = "h"\n'
@@ -77,7 +77,7 @@ def test_cli_reports_overflowing_timeout_as_config_error(tmp_path):
     cfg.write_text('[[node]]\nname = "a"\ntransport = "local"\nsocket = "/nonexistent.sock"\ntimeout_s = 1e308\n')
     r = run_cli("--config", str(cfg), "status", "--json")
     assert r.code == 3
-    assert r.stdout == ""
+    assert json_error_or_nothing(r)["name"] == "CONFIG"  # --json: the error as a document too
     assert f"{cfg}:5: node[0].timeout_s: must be a number of seconds" in r.stderr
 
 

@@ -40,7 +40,7 @@ def test_cli_document_is_built_from_the_rule():
     doc = departments_json(_snapshot(), cfg)
     assert [d["name"] for d in doc["departments"]] == ["training", "research", "alpha", "zeta", model.UNASSIGNED]
     research = doc["departments"][1]
-    assert research == {"name": "research", "priority": 1, "gpu_equivalents": 1.0, "busy_gpu_equivalents": 0.5,
+    assert research == {"name": "research", "priority": 1, "gpu_equivalents": 1.0, "leased_gpu_equivalents": 0.5,
                         "slices": 2, "per_node": {"a": 0.5, "b": 0.5}}
     assert doc["departments"][2]["unknown"] is True and "unknown" not in doc["departments"][4]
     assert doc["unreachable_nodes"] == ["c"]

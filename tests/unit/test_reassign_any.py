@@ -31,7 +31,7 @@ def test_any_takes_unassigned_then_lowest_priority_idle_slices():
 
 def test_any_never_takes_from_the_receiver_nor_leased_slices():
     p = plan(_snap(), ReassignRequest("any", "training", count=10, priorities=PRIO))
-    assert p.moves == [] and "only 4 idle slice(s) of any can move" in p.shortfall
+    assert p.moves == [] and "only 4 free slice(s) of any can move" in p.shortfall
     owners = {m.owner for m in plan(_snap(), ReassignRequest("any", "training", count=4, priorities=PRIO)).moves}
     assert "training" not in owners
 

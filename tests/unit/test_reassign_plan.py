@@ -56,7 +56,7 @@ def test_gpu_equivalents_uses_fractions():
 def test_shortfall_moves_nothing_and_names_leased():
     p = plan(snapshot(), ReassignRequest("research", "training", count=20))
     assert p.moves == []
-    assert p.shortfall == "only 8 idle slice(s) of research can move, 20 asked (1 leased: use --drain or --revoke)"
+    assert p.shortfall == "only 8 free slice(s) of research can move, 20 asked (1 leased: use --drain or --revoke)"
     r = ReassignResult("r-1", p)
     assert r.exit_code == ExitCode.NOTHING_TO_DO
 
@@ -88,7 +88,8 @@ def test_explicit_slices_with_reasons():
     p = plan(snap, ReassignRequest("research", "training", slice_ids=["GPU-a-1/1", "GPU-a-3/0", "nope/0"]))
     assert p.moves == []
     assert p.shortfall == ("GPU-a-1/1: owned by training, not research; "
-                           "GPU-a-3/0: leased by L1 (use --drain or --revoke); nope/0: no such slice in the fleet")
+                           "GPU-a-3/0: leased by L1 (use --drain or --revoke); "
+                           "nope/0: not found on the nodes that answered (unreachable: c)")
     ok = plan(snap, ReassignRequest("research", "training", slice_ids=["GPU-a-1/0", "GPU-b-3/2"]))
     assert [(m.node, m.slice_id, m.fraction) for m in ok.moves] == [("a", "GPU-a-1/0", 0.5), ("b", "GPU-b-3/2", 0.25)]
 
@@ -129,11 +130,20 @@ def test_exit_codes_for_failures():
 
 def test_named_slice_problems_have_their_own_exit_codes():
     snap = snapshot()
+    snap.nodes.pop()  # node c (down) is not in scope
     leased = plan(snap, ReassignRequest("research", "training", slice_ids=["GPU-a-3/0"]))
     assert ReassignResult("r", leased).exit_code == ExitCode.CONFLICT
     bogus = plan(snap, ReassignRequest("research", "training", slice_ids=["nope/0"]))
-    assert ReassignResult("r", bogus).exit_code == ExitCode.USAGE
+    assert ReassignResult("r", bogus).exit_code == ExitCode.NOTHING_TO_DO  # README: nothing matched
     assert bogus.shortfall == "nope/0: no such slice in the fleet"
+    both = plan(snap, ReassignRequest("research", "training", slice_ids=["nope/0", "GPU-a-3/0"]))
+    assert ReassignResult("r", both).exit_code == ExitCode.CONFLICT
+
+
+def test_unknown_slice_with_a_node_down_is_unreachable():
+    bogus = plan(snapshot(), ReassignRequest("research", "training", slice_ids=["nope/0"]))
+    assert ReassignResult("r", bogus).exit_code == ExitCode.UNREACHABLE
+    assert bogus.shortfall == "nope/0: not found on the nodes that answered (unreachable: c)"
 
 
 def test_revoke_takes_a_slice_already_waiting_to_drain():
