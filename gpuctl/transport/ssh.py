@@ -192,7 +192,8 @@ class SshTransport:
         with self._lock:
             if self._client is None:
                 self._http = ChannelHttpTransport(self._open_bridge_channel, self.error)
-                self._client = httpx.Client(transport=self._http, base_url=BASE_URL, timeout=self.timeout_s)
+                self._client = httpx.Client(transport=self._http, base_url=BASE_URL, timeout=self.timeout_s,
+                                            trust_env=False)
             return self._client
 
     def error(self, exc: BaseException) -> TransportError:
