@@ -38,6 +38,8 @@ def _add_globals(p: argparse.ArgumentParser, *, top: bool) -> None:
     p.add_argument("--accept-new-host-key", action="store_true",
                    default=False if top else argparse.SUPPRESS,
                    help="trust and record host keys not yet in known_hosts (never a changed one)")
+    p.add_argument("-v", "--verbose", action="store_true", default=False if top else argparse.SUPPRESS,
+                   help="say on stderr how each node was reached (which SSH control channel)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -529,6 +531,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("gpuctl: " + msg.removeprefix("gpuctl: ").removeprefix("gpuctl "), file=sys.stderr)
         return ExitCode.USAGE
     verb = args.verb or "console"
+    if args.verbose and verb not in ("console", "demo"):  # the console owns the terminal
+        from gpuctl.verbose import enable_verbose
+
+        enable_verbose()
     try:
         return int(VERBS[verb](args))
     except UsageError as exc:

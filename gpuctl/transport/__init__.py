@@ -25,11 +25,13 @@ def open_transport(
     passphrase: str | None = None,
     use_agent: bool = True,
     include_dir: str | None = None,
+    channel_kinds: tuple[str, ...] | None = None,
 ) -> LocalTransport | "SshTransport":
     """The transport for `node` (an object with NodeConfig's attributes); touches no network.
 
     node.transport "local": LocalTransport on node.socket (default: the daemon's default socket).
-    "ssh": SshTransport (the other arguments are its options; see SshTransport). Raises
+    "ssh": SshTransport (the other arguments are its options; see SshTransport; channel_kinds:
+    "streamlocal", "relay", "bridge" in the order tried, default all, or $GPUCTL_SSH_CHANNELS). Raises
     TransportError (code "config") naming the node for any other transport value.
     """
     kind = getattr(node, "transport", "ssh")
@@ -46,6 +48,7 @@ def open_transport(
             accept_new_host_key=accept_new_host_key,
             passphrase=passphrase,
             use_agent=use_agent,
+            channel_kinds=channel_kinds,
         )
     raise TransportError(node.name, f"unknown transport {kind!r} (expected 'ssh' or 'local')", code="config")
 
