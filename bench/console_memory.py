@@ -20,6 +20,8 @@ a run are not comparable with one without it).
 from __future__ import annotations
 
 import argparse
+import collections
+import gc
 import json
 import os
 import platform
@@ -71,13 +73,21 @@ def run(args: argparse.Namespace) -> dict:
         samples.append((round(elapsed, 1), round(rss_mib(), 1)))
         print(f"  t={elapsed:7.1f} s  RSS {samples[-1][1]:7.1f} MiB  polls {state['polls']}", file=sys.stderr)
 
+    def census() -> None:
+        if args.objects:
+            gc.collect()
+            state.setdefault("census", []).append(
+                collections.Counter(type(o).__qualname__ for o in gc.get_objects()))
+
     def half() -> None:
         sample()
+        census()
         if args.tracemalloc:
             state["snaps"].append(tracemalloc.take_snapshot())
 
     def end() -> None:
         sample()
+        census()
         if args.tracemalloc:
             state["snaps"].append(tracemalloc.take_snapshot())
         app.exit()
@@ -124,6 +134,10 @@ def run(args: argparse.Namespace) -> dict:
             top.append({"size_diff_kib": round(stat.size_diff / 1024, 1), "count_diff": stat.count_diff,
                         "where": frames})
         out["top_growth"] = top
+    if args.objects and len(state.get("census", [])) == 2:
+        a, b = state["census"]
+        grown = sorted(((b[k] - a.get(k, 0), k) for k in b), reverse=True)[: args.objects]
+        out["objects_grown"] = [{"type": k, "count_diff": d, "count": b[k]} for d, k in grown if d > 0]
     return out
 
 
@@ -137,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--source", choices=("daemons", "simulated"), default="daemons")
     p.add_argument("--size", type=int, nargs=2, default=(200, 60), metavar=("W", "H"))
     p.add_argument("--tracemalloc", type=int, default=0, metavar="N", help="print the N lines that grew most")
+    p.add_argument("--objects", type=int, default=0, metavar="N",
+                   help="print the N object types (gc census) that grew most from half time to the end")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if args.minutes <= 0 or args.nodes < 1 or args.gpus < 1:
@@ -148,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"console on {res['nodes']} x {res['gpus_per_node']} GPUs ({res['source']}), {res['minutes']:g} min, "
               f"{res['polls']} polls: RSS start {res['rss_mib_start']} MiB, half {res['rss_mib_half']} MiB, "
               f"end {res['rss_mib_end']} MiB (second half {res['growth_mib_second_half']:+} MiB)")
+        for o in res.get("objects_grown", []):
+            print(f"  {o['count_diff']:+7d} {o['type']} (now {o['count']})")
         for t in res.get("top_growth", []):
             print(f"  {t['size_diff_kib']:+9.1f} KiB {t['count_diff']:+7d}  {' <- '.join(t['where'])}")
     return 0

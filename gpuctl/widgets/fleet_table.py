@@ -44,6 +44,8 @@ class FleetTable(DataTable):
         self._row_styles: dict[tuple, Style] = {}
         # (widget style, columns, their render widths) while a paint runs (see render_lines)
         self._paint: tuple | None = None
+        # DataTable's _update_count when its own render caches were last pruned (see render_lines)
+        self._caches_count = -1
         super().__init__(*args, **kwargs)
 
     def _forget_renders(self) -> None:
@@ -71,7 +73,23 @@ class FleetTable(DataTable):
         self._forget_renders()
         super().notify_style_update()
 
+    def _prune_datatable_caches(self) -> None:
+        """Empty DataTable's own render caches when its update counter moved on.
+
+        Every key of DataTable's _row_render_cache, _cell_render_cache, _row_renderable_cache and
+        _line_cache holds the table's _update_count, which each cell update bumps: entries of an
+        older count can never be hit again, yet the LRU caches keep them until full (10,000 cells,
+        1,000 rows and lines), so a live table's memory grew with every poll for ~15 minutes
+        (the header row and fallback paths render through them; issue 15 item 5)."""
+        count = self._update_count
+        if count != self._caches_count:
+            self._caches_count = count
+            for cache in (self._row_render_cache, self._cell_render_cache, self._row_renderable_cache,
+                          self._line_cache):
+                cache.clear()
+
     def render_lines(self, crop: Any) -> list[Strip]:
+        self._prune_datatable_caches()
         # DataTable.render_line resolves self.rich_style (CSS lookups, ~0.1 ms), the ordered
         # columns and their widths for every line: resolve them once per paint instead
         columns = self.ordered_columns
