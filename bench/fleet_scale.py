@@ -13,6 +13,8 @@ and "local" (the Unix sockets directly). max_parallel 16, timeout_s 5 s, as ship
 Measured, each a fresh `python -m gpuctl.cli` process (wall time, median of --runs):
   status      `gpuctl status --json`: also how many nodes answered (target: all, at every N)
   status-bridge  the same over SSH with GPUCTL_SSH_CHANNELS=bridge: the old node side, as a baseline
+  status-cached  the same over SSH with GPUCTL_SSH_CACHE (the connection cache): the first run starts
+              the cache and makes the handshakes, the others (median of runs 2..) reuse them
   reassign    `gpuctl reassign --from A --to B --gpus G --yes --json` moving every GPU of the fleet
               (so every node is touched), alternately unassigned -> research and back
 In-process (this process, gpuctl.client.FleetClient kept open like the console's):
@@ -116,6 +118,24 @@ def measure_status(base: list[str], runs: int, env: dict[str, str] | None = None
             answered.append(0)
     return {"median_s": round(statistics.median(times), 3), "runs_s": [round(t, 3) for t in times],
             "answered_min": min(answered), "exit_codes": codes}
+
+
+def measure_cached(base: list[str], runs: int, runtime: Path) -> dict:
+    """status --json through the SSH connection cache (its own runtime dir); stops the cache after."""
+    from gpuctl.transport.conncache import cache_stats
+
+    runtime.mkdir(mode=0o700)
+    res = measure_status(base, runs, {"GPUCTL_SSH_CACHE": "120", "XDG_RUNTIME_DIR": str(runtime)})
+    sock = str(runtime / "gpuctl" / "ssh-cache.sock")
+    try:
+        stats = cache_stats(sock)
+        os.kill(stats["pid"], 15)
+        res["cache_connections_opened"] = stats["connections_opened"]
+    except OSError as exc:
+        res["cache_error"] = str(exc)
+    res["first_s"] = res["runs_s"][0]
+    res["median_s"] = round(statistics.median(res["runs_s"][1:]), 3) if len(res["runs_s"]) > 1 else res["first_s"]
+    return res
 
 
 def measure_reassign(base: list[str], n: int, runs: int) -> dict:
@@ -235,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
                     r[f"status_{transport}"] = measure_status(base, a.runs)
                     if transport == "ssh" and not a.no_bridge_baseline:
                         r["status_ssh_bridge"] = measure_status(base, a.runs, {"GPUCTL_SSH_CHANNELS": "bridge"})
+                    if transport == "ssh":
+                        r["status_ssh_cached"] = measure_cached(base, a.runs + 1, root / f"run-{n}")
                     r[f"poll_{transport}"] = measure_poll(cfg, sshd if transport == "ssh" else None, a.runs)
                     r[f"reassign_{transport}"] = measure_reassign(base, n, 2)
                 results["sizes"][str(n)] = r
@@ -263,12 +285,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  node side {kind:11}: channel open {v['channel_open_ms_median']:7.2f} ms median "
               f"(max {v['channel_open_ms_max']:.1f}), SSH handshake {v['handshake_ms']:.0f} ms, "
               f"request on a kept channel {v['request_ms_kept_alive']:.2f} ms")
-    print(f"  {'N':>4} {'status ssh':>11} {'x N=' + str(sizes[0]):>7} {'answered':>9} {'via bridge':>11} "
+    print(f"  {'N':>4} {'status ssh':>11} {'x N=' + str(sizes[0]):>7} {'answered':>9} {'via bridge':>11} {'cached':>8} "
           f"{'status local':>13} {'x':>6} {'poll ssh':>9} {'poll local':>11} {'reassign ssh':>13} {'reassign local':>15}")
     for n, r in results["sizes"].items():
         br = r.get("status_ssh_bridge", {}).get("median_s")
         print(f"  {n:>4} {r['status_ssh']['median_s']:>10.2f}s {r['status_ssh']['ratio_vs_smallest']:>6.2f}x "
               f"{r['status_ssh']['answered_min']:>4}/{n:<4} {(f'{br:.2f}s' if br else '-'):>11} "
+              f"{r['status_ssh_cached']['median_s']:>7.2f}s "
               f"{r['status_local']['median_s']:>12.2f}s {r['status_local']['ratio_vs_smallest']:>5.2f}x "
               f"{r['poll_ssh']['median_s']:>8.3f}s {r['poll_local']['median_s']:>10.3f}s "
               f"{r['reassign_ssh']['median_s']:>12.2f}s {r['reassign_local']['median_s']:>14.2f}s")
