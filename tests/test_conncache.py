@@ -60,9 +60,11 @@ def test_two_commands_share_one_ssh_connection_then_the_cache_exits(sshd, daemon
     pid = None
     try:
         for _ in range(2):
-            r = run_cli(*args, "status", "--json", env=env)
+            r = run_cli(*args, "status", "--json", "-v", env=env)
             assert r.code == 0, r.stderr
             assert r.json["nodes"][0]["reachable"] is True and len(r.json["nodes"][0]["gpus"]) == 2
+            assert f"gpuctl: node gpu01: control channel: streamlocal, through the SSH connection cache {sock}" \
+                in r.stderr
         stats = cache_stats(str(sock))
         pid = stats["pid"]
         assert stats["transports"] == 1

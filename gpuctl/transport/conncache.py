@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import select
 import socket
@@ -51,6 +52,8 @@ DEFAULT_IDLE_S = 600.0
 _NODE_FIELDS = ("name", "host", "user", "port", "identity_file", "socket", "transport", "gpuctld", "timeout_s")
 _OPTION_FIELDS = ("ssh_config_path", "known_hosts_path", "include_dir", "use_agent")
 _LINE_LIMIT = 64 * 1024
+
+log = logging.getLogger(__name__)
 
 
 def cache_idle_s(value: str | None = None) -> float | None:
@@ -361,6 +364,9 @@ class CachedSshTransport:
             self.address = answer.get("address") or self.address
             raise TransportError(answer.get("node") or self.node.name, answer.get("message", "?"),
                                  address=answer.get("address"), code=answer.get("code") or "unreachable")
+        if answer.get("kind") != self.channel_kind:
+            log.info("node %s: control channel: %s, through the SSH connection cache %s",
+                     self.node.name, answer.get("kind"), self.socket_path)
         self.channel_kind = answer.get("kind")
         s.settimeout(None)
         return _SocketChannel(s)
