@@ -229,20 +229,7 @@ def _relay(conn: socket.socket, channel: Any) -> None:
         if conn in readable:
             data = conn.recv(65536)
             if not data:
-                channel.shutdown_write()
-                # drain what the daemon still sends for a request already made
-                channel.settimeout(30.0)
-                while True:
-                    try:
-                        out = channel.recv(65536)
-                    except OSError:
-                        return
-                    if not out:
-                        return
-                    try:
-                        conn.sendall(out)
-                    except OSError:
-                        return
+                return  # the client closed its connection (HTTP clients close, never half-close)
             channel.sendall(data)
         if channel in readable:
             data = channel.recv(65536)

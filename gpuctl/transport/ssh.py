@@ -4,10 +4,11 @@ The SSH connection is opened on the first request and kept; each HTTP connection
 joined to the daemon's Unix socket on the node, by the first of these that works (remembered per
 node): "streamlocal", sshd itself connects the channel to the socket (OpenSSH
 direct-streamlocal@openssh.com, gpuctl.transport.streamlocal; ~1 ms on the node); "relay", an exec
-channel running a few lines of stdlib Python (``python3 -I -S``, gpuctl.transport.relay; ~15 ms);
-"bridge", an exec channel running ``gpuctld bridge [--socket PATH]`` (gpuctl.daemon.bridge; imports
-gpuctl, ~200 ms). All three connect as the SSH login user, so the daemon's SO_PEERCRED audit sees
-that user. The path used is logged (logger "gpuctl.transport.ssh", INFO: ``gpuctl -v``). Channels are kept alive and reused by the httpcore
+channel running a few lines of stdlib Python (``python3 -I -S``, gpuctl.transport.relay; ~15 ms
+plus the login shell's start); "bridge", an exec channel running ``gpuctld bridge [--socket PATH]``
+(gpuctl.daemon.bridge; imports gpuctl, ~200 ms plus the shell). All three connect as the SSH login
+user, so the daemon's SO_PEERCRED audit sees that user. The path used is logged (logger
+"gpuctl.transport.ssh", INFO: ``gpuctl -v``). Channels are kept alive and reused by the httpcore
 pool (gpuctl.transport.channel_http). A dead SSH connection is re-opened once on the next request.
 
 Host resolution follows ~/.ssh/config like ``ssh -G`` (gpuctl.transport.sshconfig, Include
