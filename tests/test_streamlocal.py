@@ -87,11 +87,16 @@ def _http_get(channel, path: str) -> bytes:
     return out
 
 
-def _last_peer(daemon, path: str) -> tuple[int, int]:
-    """(uid, pid) of the daemon's last log line for `path`."""
-    for _ in range(50):
+def _lines(daemon, path: str) -> int:
+    """How many requests for `path` the daemon has logged so far."""
+    return sum(f'"GET {path} ' in ln for ln in daemon.stderr_text().splitlines())
+
+
+def _last_peer(daemon, path: str, after: int = 0) -> tuple[int, int]:
+    """(uid, pid) of the daemon's last log line for `path`, once it has logged more than `after`."""
+    for _ in range(100):
         lines = [ln for ln in daemon.stderr_text().splitlines() if f'"GET {path} ' in ln]
-        if lines:
+        if len(lines) > after:
             m = re.search(r"uid=(\d+) pid=(\d+)", lines[-1])
             return int(m.group(1)), int(m.group(2))
         time.sleep(0.05)
@@ -110,11 +115,12 @@ def test_streamlocal_channel_reaches_the_daemon_as_the_login_user(sshd, daemon, 
     t.connect()
     ch = open_streamlocal(t._ssh, str(daemon.socket_path), timeout_s=5.0)
     try:
+        before = _lines(daemon, "/v1/node")
         ch.sendall(b"GET /v1/node HTTP/1.1\r\nHost: gpuctld\r\n\r\n")
         ch.settimeout(10)
         head = ch.recv(65536)
         assert head.startswith(b"HTTP/1.1 200 ")
-        uid, pid = _last_peer(daemon, "/v1/node")
+        uid, pid = _last_peer(daemon, "/v1/node", before)
         # the peer is sshd's session process of the login user: no bridge, no relay was started
         assert uid == os.getuid()
         assert _comm(pid) == "sshd"
@@ -157,9 +163,10 @@ def test_sshd_refusing_streamlocal_is_administratively_prohibited(sshd_no_stream
 def test_transport_uses_streamlocal_and_opens_channels_in_milliseconds(sshd, daemon, opened):
     t = opened(_node(daemon), sshd)
     c = t.http_client()
+    before = _lines(daemon, "/v1/health")
     assert c.get("/v1/health").json()["pid"] == daemon.pid
     assert t.channel_kind == "streamlocal"
-    _, pid = _last_peer(daemon, "/v1/health")
+    _, pid = _last_peer(daemon, "/v1/health", before)
     assert _comm(pid) == "sshd"
     times = []
     for _ in range(5):
@@ -172,9 +179,10 @@ def test_transport_uses_streamlocal_and_opens_channels_in_milliseconds(sshd, dae
 def test_refused_streamlocal_falls_back_to_the_relay(sshd_no_streamlocal, daemon, opened, caplog):
     caplog.set_level("INFO", logger="gpuctl")
     t = opened(_node(daemon), sshd_no_streamlocal)
+    before = _lines(daemon, "/v1/health")
     assert t.http_client().get("/v1/health").json()["pid"] == daemon.pid
     assert t.channel_kind == "relay"
-    uid, pid = _last_peer(daemon, "/v1/health")
+    uid, pid = _last_peer(daemon, "/v1/health", before)
     assert uid == os.getuid()
     assert _comm(pid).startswith("python3")
     msgs = [r.getMessage() for r in caplog.records if r.name == "gpuctl.transport.ssh"]
@@ -247,9 +255,10 @@ def test_peer_uid_is_the_ssh_login_user_not_the_client(tmp_path):
                                    ssh_config_path=str(s.ssh_config), known_hosts_path=str(s.known_hosts),
                                    use_agent=False)
                 try:
+                    before = _lines(d, "/v1/health")  # start() polled /v1/health as root
                     assert t.http_client().get("/v1/health").json()["pid"] == d.pid
                     assert t.channel_kind == "streamlocal"
-                    uid, pid = _last_peer(d, "/v1/health")
+                    uid, pid = _last_peer(d, "/v1/health", before)
                     assert uid == nobody.pw_uid != os.getuid()
                 finally:
                     t.close()
