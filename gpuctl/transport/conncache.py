@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import select
+import selectors
 import socket
 import struct
 import subprocess
@@ -219,23 +220,31 @@ class CacheServer:
 
 
 def _relay(conn: socket.socket, channel: Any) -> None:
-    """Copy bytes between a client socket and an SSH channel until either side ends."""
-    while True:
-        readable, _, _ = select.select([conn, channel], [], [], 60.0)
-        if not readable:
-            if channel.closed:
+    """Copy bytes between a client socket and an SSH channel until either side ends.
+
+    epoll (selectors), not select(): the cache holds hundreds of SSH sockets and channel pipes, and
+    select() fails for descriptors >= 1024 (a node's relay at 256 nodes ended at once that way)."""
+    sel = selectors.DefaultSelector()
+    sel.register(conn, selectors.EVENT_READ, "conn")
+    sel.register(channel, selectors.EVENT_READ, "channel")
+    try:
+        while True:
+            events = sel.select(60.0)
+            if not events and channel.closed:
                 return
-            continue
-        if conn in readable:
-            data = conn.recv(65536)
-            if not data:
-                return  # the client closed its connection (HTTP clients close, never half-close)
-            channel.sendall(data)
-        if channel in readable:
-            data = channel.recv(65536)
-            if not data:
-                return
-            conn.sendall(data)
+            for key, _ in events:
+                if key.data == "conn":
+                    data = conn.recv(65536)
+                    if not data:
+                        return  # the client closed its connection (HTTP clients close, never half-close)
+                    channel.sendall(data)
+                else:
+                    data = channel.recv(65536)
+                    if not data:
+                        return
+                    conn.sendall(data)
+    finally:
+        sel.close()
 
 
 def start_cache(path: str, idle_s: float, timeout_s: float = 10.0) -> None:
@@ -290,7 +299,9 @@ class _SocketChannel:
         self._sock.settimeout(timeout)
 
     def recv_ready(self) -> bool:
-        return bool(select.select([self._sock], [], [], 0)[0])
+        poller = select.poll()  # not select(): descriptors may be >= 1024 in a large fleet
+        poller.register(self._sock, select.POLLIN)
+        return bool(poller.poll(0))
 
     def exit_status_ready(self) -> bool:
         return False
