@@ -26,6 +26,7 @@ Limits: a key with a passphrase is usable only through the ssh-agent the cache s
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import logging
 import os
@@ -181,6 +182,8 @@ class CacheServer:
         every SSH connection."""
         os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
         os.chmod(os.path.dirname(self.path), 0o700)
+        if _listening(self.path):
+            return  # another cache already serves this socket: leave it be
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)
         try:
@@ -247,8 +250,31 @@ def _relay(conn: socket.socket, channel: Any) -> None:
         sel.close()
 
 
+def _listening(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(path)
+            return True
+        except OSError:
+            return False
+
+
+_start_lock = threading.Lock()
+
+
 def start_cache(path: str, idle_s: float, timeout_s: float = 10.0) -> None:
-    """Start the cache process in the background (its own session) and wait until it listens."""
+    """Start the cache process in the background (its own session) and wait until it listens.
+
+    One start at a time: a thread lock in this process and an flock on ``<dir>/ssh-cache.lock``
+    across processes; whoever gets it second finds the cache listening and starts nothing."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with _start_lock, open(os.path.join(os.path.dirname(path), "ssh-cache.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _listening(path):
+            _spawn_and_wait(path, idle_s, timeout_s)
+
+
+def _spawn_and_wait(path: str, idle_s: float, timeout_s: float) -> None:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
