@@ -48,6 +48,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpuctl.transport.uds_http import uds_client  # noqa: E402 - after the path setup
+
 DEPARTMENTS = ("research", "training", "sales", "vision")
 
 
@@ -85,8 +87,7 @@ class Daemon:
         raise RuntimeError("gpuctld did not answer /v1/health in time")
 
     def client(self, timeout_s: float = 5.0) -> httpx.Client:
-        return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket)), base_url="http://gpuctld",
-                            timeout=timeout_s)
+        return uds_client(str(self.socket), timeout_s)
 
     def kill9(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -98,6 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(ExitCode.USAGE, msg.removeprefix("gpuctl: ").removeprefix("gpuctl "), as_json)
     verb = args.verb or "console"
     as_json = bool(getattr(args, "json", False))
+    if getattr(args, "verbose", False) and verb not in ("console", "demo"):  # the console owns the terminal
+        from gpuctl.verbose import enable_verbose
+
+        enable_verbose()
     try:
         code = int(load(verb).run(args))
         if code != ExitCode.OK and as_json and not json_emitted() and verb not in ("run", "console", "demo"):

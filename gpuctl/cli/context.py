@@ -34,6 +34,8 @@ def add_globals(p: argparse.ArgumentParser, *, top: bool) -> None:
     p.add_argument("--accept-new-host-key", action="store_true",
                    default=False if top else argparse.SUPPRESS,
                    help="trust and record host keys not yet in known_hosts (never a changed one)")
+    p.add_argument("-v", "--verbose", action="store_true", default=False if top else argparse.SUPPRESS,
+                   help="say on stderr how each node was reached (which SSH control channel)")
 
 
 def config_path(args: argparse.Namespace) -> tuple[Path, str]:

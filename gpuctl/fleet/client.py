@@ -267,11 +267,18 @@ class FleetClient:
     than queued twice.
     """
 
+    #: Seconds a node may run past its own timeout_s (its transport's own timeouts end the call
+    #: by then) before the fan-out reports it as a timeout and stops waiting for it.
+    DEADLINE_SLACK_S = 1.0
+
     def __init__(self, config: FleetConfig, transport_factory: TransportFactory | None = None):
         self.config = config
         self._factory = transport_factory or default_transport_factory()
         self.clients = {n.name: NodeClient(n, self._factory) for n in config.nodes}
-        self._pool = cf.ThreadPoolExecutor(max_workers=max(1, config.max_parallel),
+        # One thread per node at most: a node is never called twice at once (see _busy), and a node
+        # given up on at its deadline keeps its thread until its transport times out, while the
+        # fan-out starts the next node in its place. Threads are made only when needed.
+        self._pool = cf.ThreadPoolExecutor(max_workers=max(1, config.max_parallel, len(self.clients)),
                                            thread_name_prefix="gpuctl-node")
         self._busy: dict[str, cf.Future] = {}
         self._busy_lock = threading.Lock()
@@ -282,15 +289,18 @@ class FleetClient:
         return [Department(d.name, d.priority, d.color) for d in self.config.departments]
 
     def fan_out(self, fn: Callable[[NodeClient], T], nodes: list[str] | None = None) -> FanOutResult:
-        """Run fn(node_client) on each node (all, or those named) in parallel.
+        """Run fn(node_client) on each node (all, or those named), at most max_parallel at once.
 
-        Waits at most each node's timeout_s (+1 s slack) in all; a node not done by then gets
-        NodeError(code="timeout"). Nodes whose previous call is still running are not called again
-        and get NodeError(code="timeout", "still busy with the previous request").
+        Each node's deadline counts from when its own call starts: its timeout_s plus
+        DEADLINE_SLACK_S. A node not done by then gets NodeError(code="timeout", "no answer within
+        T s") and the next node starts in its place, so a large fleet's tail is never timed out
+        before it was asked. Nodes whose previous call is still running are not called again and get
+        NodeError(code="timeout", "still busy with the previous request"). Every other error is the
+        node's own (NodeError from fn, or code "error" for anything else fn raised).
         """
         names = nodes if nodes is not None else list(self.clients)
         out = FanOutResult()
-        futures: dict[cf.Future, str] = {}
+        waiting: list[str] = []
         with self._busy_lock:
             for name in names:
                 prev = self._busy.get(name)
@@ -299,14 +309,23 @@ class FleetClient:
                         name, f"node {name}: still busy with the previous request (slow node)",
                         code="timeout")
                     continue
+                waiting.append(name)
+        waiting.reverse()  # pop() from the end keeps config order
+        running: dict[cf.Future, tuple[str, float]] = {}
+        limit = max(1, self.config.max_parallel)
+        while waiting or running:
+            while waiting and len(running) < limit:
+                name = waiting.pop()
                 fut = self._pool.submit(fn, self.clients[name])
-                self._busy[name] = fut
-                futures[fut] = name
-        if futures:
-            deadline = max(self.clients[n].node.timeout_s for n in futures.values()) + 1.0
-            done, not_done = cf.wait(futures, timeout=deadline)
+                with self._busy_lock:
+                    self._busy[name] = fut
+                deadline = time.monotonic() + self.clients[name].node.timeout_s + self.DEADLINE_SLACK_S
+                running[fut] = (name, deadline)
+            first_deadline = min(d for _, d in running.values())
+            done, _ = cf.wait(running, timeout=max(0.0, first_deadline - time.monotonic()),
+                              return_when=cf.FIRST_COMPLETED)
             for fut in done:
-                name = futures[fut]
+                name, _ = running.pop(fut)
                 exc = fut.exception()
                 if exc is None:
                     out.values[name] = fut.result()
@@ -314,10 +333,13 @@ class FleetClient:
                     out.errors[name] = exc
                 else:
                     out.errors[name] = NodeError(name, f"node {name}: {exc}", code="error")
-            for fut in not_done:
-                name = futures[fut]
-                out.errors[name] = NodeError(
-                    name, f"node {name}: no answer within {deadline - 1.0:g} s", code="timeout")
+            now = time.monotonic()
+            for fut, (name, deadline) in list(running.items()):
+                if now >= deadline and not fut.done():
+                    del running[fut]
+                    out.errors[name] = NodeError(
+                        name, f"node {name}: no answer within {self.clients[name].node.timeout_s:g} s",
+                        code="timeout")
         return out
 
     def snapshot(self, nodes: list[str] | None = None) -> FleetSnapshot:

@@ -38,6 +38,7 @@ from typing import Iterator
 import httpx
 
 from gpuctl.exit_codes import ExitCode
+from gpuctl.transport.uds_http import uds_client
 
 #: Departments of the demo fleet: (name, priority, color theme variable).
 DEMO_DEPARTMENTS = (("research", 10, None), ("training", 20, None), ("inference", 30, None))
@@ -209,8 +210,7 @@ def _wait_ready(node: DemoNode, timeout_s: float = 20.0) -> None:
                                f"{node.log.read_text(errors='replace')[-2000:]}")
         if node.socket.exists():
             try:
-                with httpx.Client(transport=httpx.HTTPTransport(uds=str(node.socket)),
-                                  base_url="http://gpuctld", timeout=2) as c:
+                with uds_client(str(node.socket), timeout_s=2) as c:
                     if c.get("/v1/health").status_code == 200:
                         return
             except httpx.HTTPError as exc:
@@ -238,8 +238,7 @@ def _layout_moves(status: dict, row: tuple) -> tuple[list[tuple[str, int]], list
 
 def _assign_layout(node: DemoNode, row: tuple) -> None:
     """Split and assign one node's GPUs through its control API (the same calls an admin makes)."""
-    with httpx.Client(transport=httpx.HTTPTransport(uds=str(node.socket)),
-                      base_url="http://gpuctld", timeout=10) as c:
+    with uds_client(str(node.socket), timeout_s=10) as c:
         status = c.get("/v1/status").raise_for_status().json()
         gen = status["generation"]
         if any(s["department"] != "unassigned" for g in status["gpus"] for s in g["slices"]):

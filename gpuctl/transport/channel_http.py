@@ -18,6 +18,7 @@ import httpx
 import paramiko
 
 from gpuctl.transport.errors import TransportError
+from gpuctl.transport.uds_http import send_via_pool
 
 #: Methods retried once on a fresh channel when the kept-alive one turned out dead.
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -107,29 +108,7 @@ class ChannelHttpTransport(httpx.BaseTransport):
         )
 
     def _send_once(self, request: httpx.Request) -> httpx.Response:
-        core_request = httpcore.Request(
-            method=request.method,
-            url=httpcore.URL(
-                scheme=request.url.raw_scheme,
-                host=request.url.raw_host,
-                port=request.url.port,
-                target=request.url.raw_path,
-            ),
-            headers=request.headers.raw,
-            content=request.stream,
-            extensions=request.extensions,
-        )
-        core_response = self._pool.handle_request(core_request)
-        try:
-            content = core_response.read()
-        finally:
-            core_response.close()
-        return httpx.Response(
-            status_code=core_response.status,
-            headers=core_response.headers,
-            content=content,
-            extensions={k: v for k, v in core_response.extensions.items() if k != "network_stream"},
-        )
+        return send_via_pool(self._pool, request)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         retryable = request.method in IDEMPOTENT_METHODS

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 import httpx
 
 from gpuctl.transport.errors import TransportError, transport_error
+from gpuctl.transport.uds_http import BASE_URL, UnixSocketTransport
 
-#: base_url of every client the transports hand out; the host part is never resolved.
-BASE_URL = "http://gpuctld"
+__all__ = ["BASE_URL", "LocalTransport"]
+
+log = logging.getLogger(__name__)
 
 
 class _NodeErrors(httpx.BaseTransport):
@@ -53,11 +57,13 @@ class LocalTransport:
     def http_client(self) -> httpx.Client:
         """The node's httpx.Client (base_url "http://gpuctld", keep-alive); the same one each call."""
         if self._client is None:
-            inner = httpx.HTTPTransport(uds=self.socket_path)
+            log.info("node %s: control channel: Unix socket %s", self.node, self.socket_path)
+            inner = UnixSocketTransport(self.socket_path)  # no TLS context: nothing here is encrypted
             self._client = httpx.Client(
                 transport=_NodeErrors(inner, self.node, self.socket_path, self.timeout_s),
                 base_url=BASE_URL,
                 timeout=self.timeout_s,
+                trust_env=False,
             )
         return self._client
 

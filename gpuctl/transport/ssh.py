@@ -1,8 +1,14 @@
 """SshTransport: reach a node's gpuctld through the node's sshd (paramiko), one SSH connection per node.
 
-The SSH connection is opened on the first request and kept; each HTTP connection is an exec
-channel running ``gpuctld bridge [--socket PATH]`` on the node (see gpuctl.daemon.bridge), which
-joins the channel to the daemon's Unix socket. Channels are kept alive and reused by the httpcore
+The SSH connection is opened on the first request and kept; each HTTP connection is a channel
+joined to the daemon's Unix socket on the node, by the first of these that works (remembered per
+node): "streamlocal", sshd itself connects the channel to the socket (OpenSSH
+direct-streamlocal@openssh.com, gpuctl.transport.streamlocal; ~1 ms on the node); "relay", an exec
+channel running a few lines of stdlib Python (``python3 -I -S``, gpuctl.transport.relay; ~15 ms
+plus the login shell's start); "bridge", an exec channel running ``gpuctld bridge [--socket PATH]``
+(gpuctl.daemon.bridge; imports gpuctl, ~200 ms plus the shell). All three connect as the SSH login
+user, so the daemon's SO_PEERCRED audit sees that user. The path used is logged (logger
+"gpuctl.transport.ssh", INFO: ``gpuctl -v``). Channels are kept alive and reused by the httpcore
 pool (gpuctl.transport.channel_http). A dead SSH connection is re-opened once on the next request.
 
 Host resolution follows ~/.ssh/config like ``ssh -G`` (gpuctl.transport.sshconfig, Include
@@ -13,6 +19,7 @@ Every failure is a TransportError naming the node and host:port.
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import socket
@@ -34,6 +41,10 @@ from gpuctl.transport.knownhosts import (
     key_type_label,
 )
 from gpuctl.transport.local import BASE_URL
+from gpuctl.transport.relay import READY_LINE_PREFIX as RELAY_READY_LINE_PREFIX
+from gpuctl.transport.relay import relay_command
+from gpuctl.transport.streamlocal import KIND as STREAMLOCAL_KIND
+from gpuctl.transport.streamlocal import open_streamlocal
 from gpuctl.transport.sshconfig import SshConfig, SshConfigError, SshHost, load_config, parse_jump, resolve_host
 from gpuctl.transport.sshkeys import KeyLoadError, load_private_key, public_blob
 
@@ -46,6 +57,32 @@ SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 READY_LINE_PREFIX = "gpuctld bridge: connected to "
 #: Seconds between SSH keepalives when the ssh config sets no ServerAliveInterval.
 DEFAULT_KEEPALIVE_S = 30
+#: Ways to join a channel to the daemon's socket, fastest first (see the module's docstring).
+CHANNEL_KINDS = ("streamlocal", "relay", "bridge")
+#: Environment variable restricting CHANNEL_KINDS, e.g. "bridge" or "relay,bridge" (benchmarks, odd nodes).
+CHANNELS_ENV = "GPUCTL_SSH_CHANNELS"
+#: The socket the fast paths use when the node config names none: the system daemon's (the bridge,
+#: the last resort, also finds a daemon running under the login user's own runtime dir).
+SYSTEM_SOCKET_PATH = "/run/gpuctld/gpuctld.sock"
+
+log = logging.getLogger(__name__)
+
+
+def channel_kinds_from_env(value: str | None) -> tuple[str, ...]:
+    """CHANNEL_KINDS restricted by a comma list (None or "": all). Raises ValueError naming
+    CHANNELS_ENV and the unknown word."""
+    if not value:
+        return CHANNEL_KINDS
+    words = tuple(w.strip() for w in value.split(",") if w.strip())
+    bad = [w for w in words if w not in CHANNEL_KINDS]
+    if bad or not words:
+        raise ValueError(f"{CHANNELS_ENV}={value!r}: unknown channel kind {bad[0] if bad else ''!r} "
+                         f"(expected a comma list of {', '.join(CHANNEL_KINDS)})")
+    return tuple(k for k in CHANNEL_KINDS if k in words)
+
+
+class _Unavailable(Exception):
+    """This way of joining a channel to the socket does not work on this node; try the next one."""
 
 
 class NodeLike(Protocol):
@@ -118,8 +155,13 @@ class SshTransport:
     accept_new_host_key: add an unknown host key to known_hosts (never a changed one).
     passphrase: for encrypted identity files. use_agent: try the ssh-agent ($SSH_AUTH_SOCK).
 
+    channel_kinds: the ways to join a channel to the daemon's socket, tried in this order
+    (default: $GPUCTL_SSH_CHANNELS, else CHANNEL_KINDS); the first that works is remembered.
+
     Nothing touches the network until the first request. Attributes for diagnostics:
-    ``connections_opened`` (SSH connections made), ``channels_opened`` (bridge channels).
+    ``connections_opened`` (SSH connections made), ``channels_opened`` (channels to the daemon),
+    ``channel_kind`` (the kind of the last one: "streamlocal", "relay", "bridge"; None before),
+    ``channel_open_s`` (seconds the last one took to open, node side included).
     """
 
     def __init__(
@@ -132,8 +174,20 @@ class SshTransport:
         accept_new_host_key: bool = False,
         passphrase: str | None = None,
         use_agent: bool = True,
+        channel_kinds: tuple[str, ...] | None = None,
     ):
         self.node = node
+        if channel_kinds is None:
+            try:
+                channel_kinds = channel_kinds_from_env(os.environ.get(CHANNELS_ENV))
+            except ValueError as exc:
+                raise TransportError(node.name, str(exc), code="config") from exc
+        bad = [k for k in channel_kinds if k not in CHANNEL_KINDS]
+        if bad or not channel_kinds:
+            raise TransportError(node.name, f"unknown channel kinds {bad or channel_kinds!r}", code="config")
+        self.channel_kinds = tuple(channel_kinds)
+        self.channel_kind: str | None = None
+        self.channel_open_s: float | None = None
         self.timeout_s = float(node.timeout_s)
         self._ssh_config_path = ssh_config_path
         self._include_dir = include_dir
@@ -192,7 +246,8 @@ class SshTransport:
         with self._lock:
             if self._client is None:
                 self._http = ChannelHttpTransport(self._open_bridge_channel, self.error)
-                self._client = httpx.Client(transport=self._http, base_url=BASE_URL, timeout=self.timeout_s)
+                self._client = httpx.Client(transport=self._http, base_url=BASE_URL, timeout=self.timeout_s,
+                                            trust_env=False)
             return self._client
 
     def error(self, exc: BaseException) -> TransportError:
@@ -539,13 +594,86 @@ class SshTransport:
         raise AssertionError("unreachable")
 
     def _open_bridge_channel(self, timeout: float | None = None) -> paramiko.Channel:
-        """A new exec channel running the bridge, after its ready line; raises TransportError."""
+        """A new channel joined to the daemon's socket: the remembered kind first, then the others
+        in order (see the module's docstring). Raises TransportError (the bridge's error when every
+        kind failed)."""
+        kinds = list(self.channel_kinds)
+        if self.channel_kind in kinds:
+            kinds.remove(self.channel_kind)
+            kinds.insert(0, self.channel_kind)
+        self._ensure_connected()  # the handshake is not the channel's cost: time the channel alone
+        for i, kind in enumerate(kinds):
+            t0 = time.monotonic()
+            try:
+                if kind == "streamlocal":
+                    channel = self._open_streamlocal_channel()
+                elif kind == "relay":
+                    channel = self._open_relay_channel()
+                else:
+                    channel = self._open_gpuctld_bridge_channel()
+            except _Unavailable as exc:
+                rest = kinds[i + 1:]
+                if not rest:
+                    raise self._fail(str(exc), "daemon") from exc
+                log.info("node %s (%s): control channel: %s unavailable (%s); trying %s",
+                         self.node.name, self.address, kind, exc, rest[0])
+                continue
+            elapsed = time.monotonic() - t0
+            if kind != self.channel_kind:
+                log.info("node %s (%s): control channel: %s (%s), opened in %.1f ms",
+                         self.node.name, self.address, kind, self._describe_kind(kind), elapsed * 1000)
+            self.channel_kind, self.channel_open_s = kind, elapsed
+            self.channels_opened += 1
+            return channel
+        raise AssertionError("unreachable")
+
+    def _fast_socket(self) -> str:
+        return self.node.socket or SYSTEM_SOCKET_PATH
+
+    def _describe_kind(self, kind: str) -> str:
+        if kind == "streamlocal":
+            return f"{STREAMLOCAL_KIND} to {self._fast_socket()}"
+        if kind == "relay":
+            return f"python3 -I -S relay to {self._fast_socket()}"
+        return f"`{self.node.gpuctld} bridge`"
+
+    def _open_streamlocal_channel(self) -> paramiko.Channel:
+        t = self._ensure_connected()
+        try:
+            return open_streamlocal(t, self._fast_socket(), self.timeout_s)
+        except paramiko.ChannelException as exc:
+            # OpenSSH answers "connect failed" both when its config or the key forbids stream-local
+            # forwarding and when nothing listens at the path
+            raise _Unavailable(f"sshd did not join a {STREAMLOCAL_KIND} channel to {self._fast_socket()}: "
+                               f"{exc.text or exc.code} (forwarding off in sshd_config or for the key, "
+                               "or nothing listens there)") from exc
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            with self._lock:
+                if self._ssh is t and not t.is_active():
+                    self._drop_ssh()
+            raise _Unavailable(f"{STREAMLOCAL_KIND} failed: {exc or type(exc).__name__}") from exc
+
+    def _open_relay_channel(self) -> paramiko.Channel:
+        command = relay_command(self._fast_socket())
+        channel = self._session()
+        try:
+            self._exec(channel, command)
+            ok, stderr = self._wait_line(channel, "python3 -I -S relay", RELAY_READY_LINE_PREFIX.encode())
+        except BaseException:
+            channel.close()
+            raise
+        if not ok:
+            channel.close()
+            lines = [ln.strip() for ln in stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
+            raise _Unavailable(lines[-1] if lines else "the relay exited without a word")
+        return channel
+
+    def _open_gpuctld_bridge_channel(self) -> paramiko.Channel:
         try:
             command = bridge_command(self.node.gpuctld, self.node.socket)
         except ValueError as exc:
             raise self._fail(f"gpuctld command {self.node.gpuctld!r} is not valid: {exc}", "config") from exc
         channel = self._session()
-        self.channels_opened += 1
         try:
             self._exec(channel, command)
             self._wait_ready(channel, command)
@@ -569,23 +697,31 @@ class SshTransport:
         finally:
             timer.cancel()
 
-    def _wait_ready(self, channel: paramiko.Channel, command: str) -> None:
+    def _wait_line(self, channel: paramiko.Channel, what: str, ready: bytes) -> tuple[bool, bytes]:
+        """Read the channel's stderr until `ready` appears: (True, stderr), or (False, stderr) when
+        stderr ended first. Raises TransportError (timeout) after timeout_s."""
         deadline = time.monotonic() + self.timeout_s
         stderr = b""
-        ready = READY_LINE_PREFIX.encode()
         while ready not in stderr:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise self._fail(f"timed out after {self.timeout_s:g} s waiting for `{command}` to start", "timeout")
+                raise self._fail(f"timed out after {self.timeout_s:g} s waiting for `{what}` to start", "timeout")
             channel.settimeout(remaining)
             try:
                 data = channel.recv_stderr(4096)
             except socket.timeout:
                 continue
             if not data:
-                raise self._bridge_failed(channel, command, stderr, deadline)
+                return False, stderr
             stderr += data
         channel.settimeout(None)
+        return True, stderr
+
+    def _wait_ready(self, channel: paramiko.Channel, command: str) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        ok, stderr = self._wait_line(channel, command, READY_LINE_PREFIX.encode())
+        if not ok:
+            raise self._bridge_failed(channel, command, stderr, deadline)
 
     def _bridge_failed(self, channel: paramiko.Channel, command: str, stderr: bytes, deadline: float) -> TransportError:
         channel.status_event.wait(max(0.0, deadline - time.monotonic()))

@@ -122,10 +122,24 @@ def layout_for(width: int) -> Layout:
 
 # -- interned cells ---------------------------------------------------------------------------
 
-#: Bound on the memo of interned cells (cleared when reached: only costs re-building them).
+#: Bound on one generation of the memo of interned cells (cleared when reached: only costs
+#: re-building them).
 MEMO_LIMIT = 50_000
+# Two generations: cells made or used since the last new_cell_generation(), and those of the one
+# before (found there, a cell moves to the current one). Cells unused for a whole generation are
+# forgotten, so the memo holds about two polls' worth of cells: with one flat memo, every new
+# figure (memory, W, °C, SM %) added a cell until MEMO_LIMIT, ~15 minutes of steady growth at a
+# 1 s refresh on 32 nodes (issue 15 item 5).
 _memo: dict[tuple, Text] = {}
+_previous: dict[tuple, Text] = {}
 _memo_lock = threading.Lock()
+
+
+def new_cell_generation() -> None:
+    """Start a new generation of interned cells (fleet_rows does, once per call: once per poll)."""
+    global _memo, _previous
+    with _memo_lock:
+        _previous, _memo = _memo, {}
 
 
 def styled(*parts: tuple[str, str], ellipsis: bool = False) -> Text:
@@ -136,9 +150,11 @@ def styled(*parts: tuple[str, str], ellipsis: bool = False) -> Text:
     cell = _memo.get(key)
     if cell is not None:
         return cell
-    cell = Text(no_wrap=True, end="", overflow="ellipsis" if ellipsis else None)
-    for text, style in parts:
-        cell.append(text, style=style or None)
+    cell = _previous.get(key)
+    if cell is None:
+        cell = Text(no_wrap=True, end="", overflow="ellipsis" if ellipsis else None)
+        for text, style in parts:
+            cell.append(text, style=style or None)
     with _memo_lock:
         if len(_memo) >= MEMO_LIMIT:
             _memo.clear()
@@ -383,6 +399,7 @@ def fleet_rows(
 ) -> list[FleetRow]:
     """All rows of `snapshot` in node order then GPU index order (no filter; see filter_rows).
     Pure and thread-safe given immutable inputs: the app builds them in its poll worker."""
+    new_cell_generation()
     rows: list[FleetRow] = []
     for node in snapshot.nodes:
         if not node.reachable:

@@ -44,6 +44,8 @@ class FleetTable(DataTable):
         self._row_styles: dict[tuple, Style] = {}
         # (widget style, columns, their render widths) while a paint runs (see render_lines)
         self._paint: tuple | None = None
+        # DataTable's _update_count when its own render caches were last pruned (see render_lines)
+        self._caches_count = -1
         super().__init__(*args, **kwargs)
 
     def _forget_renders(self) -> None:
@@ -71,7 +73,24 @@ class FleetTable(DataTable):
         self._forget_renders()
         super().notify_style_update()
 
+    def _prune_datatable_caches(self) -> None:
+        """Empty DataTable's own render caches when its update counter moved on.
+
+        Every key of DataTable's _row_render_cache, _cell_render_cache, _row_renderable_cache and
+        _line_cache holds the table's _update_count, which each cell update bumps: entries of an
+        older count can never be hit again, yet the LRU caches keep them until full (10,000 cells,
+        1,000 rows and lines), so a live table's memory grew with every poll for ~15 minutes
+        (the header row and fallback paths render through them; issue 15 item 5)."""
+        count = self._update_count
+        if count != self._caches_count:
+            self._caches_count = count
+            for cache in (self._row_render_cache, self._cell_render_cache, self._row_renderable_cache,
+                          self._line_cache):
+                cache.clear()
+            new_segments_generation()
+
     def render_lines(self, crop: Any) -> list[Strip]:
+        self._prune_datatable_caches()
         # DataTable.render_line resolves self.rich_style (CSS lookups, ~0.1 ms), the ordered
         # columns and their widths for every line: resolve them once per paint instead
         columns = self.ordered_columns
@@ -226,10 +245,20 @@ class FleetTable(DataTable):
         return [render_text_cell(cell, width, self.cell_padding, pre_style, post_style, self.app.console)]
 
 
-#: Bound on the cache of cells' own segments (cleared when reached).
+#: Bound on one generation of the cache of cells' own segments (cleared when reached).
 BASE_SEGMENTS_LIMIT = 20_000
-# (id(cell), inner width) -> (cell, its segments cropped/padded to the width, unstyled by row)
+# (id(cell), inner width) -> (cell, its segments cropped/padded to the width, unstyled by row).
+# Two generations, like the interned cells (fleet_rows.new_cell_generation): a new one starts when
+# a table's update counter moved on (FleetTable._prune_datatable_caches, once per poll's paint);
+# an entry found in the previous one moves to the current one; the rest is forgotten.
 _base_segments: dict[tuple[int, int], tuple[Text, list[Segment]]] = {}
+_base_previous: dict[tuple[int, int], tuple[Text, list[Segment]]] = {}
+
+
+def new_segments_generation() -> None:
+    """Start a new generation of cached cell segments (cells unused for a generation are dropped)."""
+    global _base_segments, _base_previous
+    _base_previous, _base_segments = _base_segments, {}
 
 
 def _cell_segments(cell: Text, inner: int, console: Any) -> list[Segment]:
@@ -239,6 +268,10 @@ def _cell_segments(cell: Text, inner: int, console: Any) -> list[Segment]:
     slot = (id(cell), inner)
     hit = _base_segments.get(slot)
     if hit is not None and hit[0] is cell:
+        return hit[1]
+    hit = _base_previous.get(slot)
+    if hit is not None and hit[0] is cell:
+        _base_segments[slot] = hit
         return hit[1]
     text = cell
     if text.cell_len > inner:

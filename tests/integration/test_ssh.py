@@ -260,7 +260,8 @@ def test_missing_socket_says_gpuctld_not_running(sshd, node, opened, tmp_path):
 
 
 def test_gpuctld_not_installed(sshd, node, opened):
-    err = _fail(opened(replace(node, gpuctld="/nonexistent/bin/gpuctld"), sshd))
+    # the bridge's own error path (streamlocal would reach the running daemon without gpuctld)
+    err = _fail(opened(replace(node, gpuctld="/nonexistent/bin/gpuctld"), sshd, channel_kinds=("bridge",)))
     assert "gpuctld is not installed on this node ('/nonexistent/bin/gpuctld' not found)" in str(err)
     assert str(err).startswith(f"node gpu01 (127.0.0.1:{sshd.port}): ")
     assert err.code == "daemon"

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import httpx
 
+from gpuctl.transport.uds_http import uds_client as _uds_client
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Longest socket path used as is (the kernel's limit is 107 bytes).
 MAX_SOCKET_PATH_CHARS = 100
@@ -44,9 +46,7 @@ class DaemonStartError(Exception):
 
 def uds_client(socket_path: str | os.PathLike, timeout_s: float = 5.0) -> httpx.Client:
     """An httpx client on the daemon's Unix socket (base URL http://gpuctld)."""
-    return httpx.Client(
-        transport=httpx.HTTPTransport(uds=str(socket_path)), base_url="http://gpuctld", timeout=timeout_s
-    )
+    return _uds_client(str(socket_path), timeout_s)
 
 
 class DaemonProc:

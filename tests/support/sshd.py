@@ -80,10 +80,13 @@ class SshServer:
     "test-sshd" with HostName, Port, User, IdentityFile, IdentitiesOnly, UserKnownHostsFile),
     log (Path of sshd's stderr).
     session_env: variables set in every session (sshd's SetEnv), e.g. PYTHONPATH.
+    extra_config: more sshd_config lines (e.g. "AllowStreamLocalForwarding no\n").
     """
 
-    def __init__(self, session_env: dict[str, str] | None = None, start_timeout_s: float = 10.0):
+    def __init__(self, session_env: dict[str, str] | None = None, start_timeout_s: float = 10.0,
+                 extra_config: str = ""):
         self.session_env = dict(session_env or {})
+        self.extra_config = extra_config
         self.start_timeout_s = start_timeout_s
         self.user = getpass.getuser()
         self.proc: subprocess.Popen | None = None
@@ -160,6 +163,7 @@ class SshServer:
             "PrintMotd no\n"
             "LogLevel VERBOSE\n"
             f"{setenv}"
+            f"{self.extra_config}"
         )
         self.known_hosts = self.dir / "known_hosts"
         self.known_hosts.write_text(self.host_key_line())
