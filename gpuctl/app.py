@@ -36,6 +36,7 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from textual import events, work
 from textual.app import App
@@ -552,7 +553,8 @@ class GpuctlApp(App[None]):
         self.run_command("depts")
 
     def run_command(self, text: str) -> bool:
-        """Run a `:` command: nodes, depts (board), leases, node NAME, theme NAME, help, q/quit.
+        """Run a `:` command: nodes, depts (board), leases, report, history, schedule, audit,
+        node NAME, theme NAME, help, q/quit.
         Returns False (and flashes a message naming it) for an unknown or malformed command."""
         words = text.strip().removeprefix(":").split()
         if not words:
@@ -584,6 +586,10 @@ class GpuctlApp(App[None]):
                 self.flash(screen, severity="error")
                 return False
             self.push_screen(screen)
+        elif verb in ("schedule", "sched"):
+            return self._open_schedule_screen("schedule")
+        elif verb == "audit":
+            return self._open_schedule_screen("audit")
         elif verb == "help":
             self.action_help()
         elif verb == "theme":
@@ -595,8 +601,40 @@ class GpuctlApp(App[None]):
                 return False
             self.theme = args[0]
         else:
-            self.flash(f"unknown command: {text.strip()!r} (try :nodes :depts :leases :node NAME :q)", severity="error")
+            self.flash(f"unknown command: {text.strip()!r} (try :nodes :depts :leases :schedule :audit "
+                       f":node NAME :q)", severity="error")
             return False
+        return True
+
+    def schedule_service(self) -> Any | None:
+        """The fleet's schedule and audit service (gpuctl.fleet.schedule.FleetSchedule over the
+        source's FleetClient, the CLI's services), or None when the source has no client (then
+        `:schedule` and `:audit` say so)."""
+        client = getattr(self.source, "client", None)
+        if client is None:
+            return None
+        from gpuctl.fleet.schedule import FleetSchedule
+
+        return FleetSchedule(client)
+
+    def _open_schedule_screen(self, which: str) -> bool:
+        """`:schedule` / `:audit`: push the screen over the fleet screen (a second `:schedule`
+        while it is on top does nothing)."""
+        from gpuctl.screens.audit import AuditScreen
+        from gpuctl.screens.schedule import ScheduleScreen
+
+        kind = ScheduleScreen if which == "schedule" else AuditScreen
+        if isinstance(self.screen, kind):
+            return True
+        service = self.schedule_service()
+        if service is None:
+            self.flash(f":{which}: this fleet source has no node connections", severity="warning")
+            return False
+        self._to_base()
+        if which == "schedule":
+            self.push_screen(ScheduleScreen(service, readonly=self.readonly))
+        else:
+            self.push_screen(AuditScreen(service.audit))
         return True
 
     async def action_quit(self) -> None:

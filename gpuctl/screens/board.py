@@ -1,8 +1,8 @@
 """The department board (`:depts`): a column per department plus "unassigned", a card per slice.
 
 Reading it: each column's title is the department; under it its totals (GPU-equivalents, memory
-quota, busy/idle slices, mean SM utilization of its slices over the last minute); each card is a
-slice (node, GPU index, fraction, live SM utilization, idle or 🔒 leased with the lease's owner).
+quota, leased/free slices, mean SM utilization of its slices over the last minute); each card is a
+slice (node, GPU index, fraction, live SM utilization, free or 🔒 leased with the lease's owner).
 
 Moving slices, by mouse: drag a card onto another column (a drag of a selected card carries the
 whole selection; shift-click or space selects); by keyboard: arrows move between cards and
@@ -85,6 +85,8 @@ class BoardScreen(GpuctlScreen):
     BINDINGS = [
         Binding("space", "toggle_select", "Select"),
         Binding("m", "move", "Move to…"),
+        # read-only: `m` is left out of the footer (check_action) and only says why it does nothing
+        Binding("m", "move_readonly", show=False),
         Binding("enter", "open_node", "Node detail"),
         Binding("escape", "escape", "Back / cancel"),
     ]
@@ -117,6 +119,19 @@ class BoardScreen(GpuctlScreen):
         self._window_seen: model.FleetSnapshot | None = None
         #: Snapshots drawn (show_snapshot calls that reached the columns).
         self.snapshots_shown = 0
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Read-only: `m Move to…` is not offered (hidden from the footer); its key only flashes
+        why. Otherwise the read-only twin is the hidden one."""
+        readonly = bool(getattr(self.app, "readonly", False))
+        if action == "move":
+            return not readonly
+        if action == "move_readonly":
+            return readonly
+        return True
+
+    def action_move_readonly(self) -> None:
+        self._flash("read-only mode: moving slices is disabled", severity="warning")
 
     # -- composition and data ------------------------------------------------------------------
 
@@ -274,8 +289,10 @@ class BoardScreen(GpuctlScreen):
             parts.append(f"{len(self._moving)} moving")
         if self._unreachable:
             parts.append(f"unreachable, slices not shown: {', '.join(self._unreachable)}")
-        if not parts:
+        if not parts and not self.host.readonly:  # read-only: no hint at a move it would refuse
             parts.append("drag a card onto a column, or select (space) and press m")
+        if not parts:
+            parts.append("read-only: slices cannot be moved")
         try:
             self.query_one("#board-status", Static).update(" · ".join(parts), layout=False)  # one row, fixed
         except Exception:  # noqa: BLE001 - before compose
@@ -340,7 +357,7 @@ class BoardScreen(GpuctlScreen):
         if cards is None or index is None:
             return False
         cards.move_cursor(index)
-        cards.focus()
+        self.focus_now(cards)
         return True
 
     @property
@@ -392,7 +409,8 @@ class BoardScreen(GpuctlScreen):
             other = self._columns[order[k]].body
             if other.views:
                 other.move_cursor(min(cards.cursor, len(other.views) - 1))
-                other.focus()
+                # now, not on the next idle: the next arrow of a fast burst starts from here
+                self.focus_now(other)
                 return
             k += step
 

@@ -8,6 +8,8 @@ move of idle slices, "drain" or "revoke" when a leased slice is among them) or N
 
 from __future__ import annotations
 
+import time
+
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -31,6 +33,10 @@ MoveConfirmScreen > #dialog, DepartmentPickerScreen > #dialog {
 #dialog OptionList { height: auto; max-height: 12; }
 """
 
+#: A move is confirmable only this long (seconds) after its dialog was first drawn: keys typed
+#: before the dialog was on the screen (a blind Enter while it was still being built) never move.
+CONFIRM_ARM_S = 0.3
+
 # The board shows through, dimmed: app.tcss gives every ModalScreen `$background 60%`, and
 # GpuctlModal renders that backdrop once (not on every repaint of the dialog).
 
@@ -39,7 +45,9 @@ class MoveConfirmScreen(GpuctlModal[str | None]):
     """"Move 2 slices (1.5 GPU) from research to training: ..." with Move / Cancel, or, when
     `leased_owners` is not empty, Drain / Revoke / Cancel and a line naming the leases' owners.
 
-    Keys: y or Enter = Move (idle slices only), d = Drain, r = Revoke, n or Escape = Cancel.
+    Keys: y or Enter = Move (free slices only), d = Drain, r = Revoke, n or Escape = Cancel.
+    Move, Drain and Revoke are refused (the key is dropped) until the dialog has been drawn and
+    CONFIRM_ARM_S has passed (:attr:`armed`); cancelling always works.
     """
 
     DEFAULT_CSS = DIALOG_CSS
@@ -54,6 +62,9 @@ class MoveConfirmScreen(GpuctlModal[str | None]):
         super().__init__(classes="board-dialog")
         self.summary = summary
         self.leased_owners = list(leased_owners or [])
+        self._drawn_at: float | None = None
+        #: Confirming keys dropped because the dialog was not yet seen (tests read it).
+        self.unseen_keys_dropped = 0
 
     @property
     def leased(self) -> bool:
@@ -81,6 +92,16 @@ class MoveConfirmScreen(GpuctlModal[str | None]):
 
     def on_mount(self) -> None:
         self.query_one("#dialog-buttons Button", Button).focus()
+        self.call_after_refresh(self._drawn)
+
+    def _drawn(self) -> None:
+        if self._drawn_at is None:
+            self._drawn_at = time.monotonic()
+
+    @property
+    def armed(self) -> bool:
+        """Has the dialog been on the screen for CONFIRM_ARM_S (a move may be confirmed)?"""
+        return self._drawn_at is not None and time.monotonic() - self._drawn_at >= CONFIRM_ARM_S
 
     @on(Button.Pressed)
     def _pressed(self, event: Button.Pressed) -> None:
@@ -92,6 +113,8 @@ class MoveConfirmScreen(GpuctlModal[str | None]):
         that does not fit (Move with leased slices, Drain/Revoke without) is ignored."""
         if choice == "cancel":
             self.dismiss(None)
+        elif not self.armed:
+            self.unseen_keys_dropped += 1  # typed before the dialog could be seen: never a move
         elif choice == "refuse" and not self.leased:
             self.dismiss("refuse")
         elif choice in ("drain", "revoke") and self.leased:

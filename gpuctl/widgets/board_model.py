@@ -169,24 +169,24 @@ class ColumnTotals:
     """A column's header figures.
 
     slices: number of slices. gpu_equivalents: sum of their fractions. memory_quota_bytes: sum of
-    their memory quotas (bytes). busy / idle: leased / unleased slices. mean_sm_util_pct: mean over
+    their memory quotas (bytes). leased / free: slices held by a lease / not. mean_sm_util_pct: mean over
     the slices of their GPU's mean SM utilization in the window (%), None when no slice has one.
     """
 
     slices: int
     gpu_equivalents: float
     memory_quota_bytes: int
-    busy: int
-    idle: int
+    leased: int
+    free: int
     mean_sm_util_pct: float | None
 
     def text(self) -> str:
-        """Two lines: "5.5 GPU · 440.0 GiB" and "2 busy · 6 idle · SM 43%" (SM: the mean over the
+        """Two lines: "5.5 GPU · 440.0 GiB" and "2 leased · 6 free · SM 43%" (SM: the mean over the
         window, "N/A" when no slice has a reading)."""
         sm = "N/A" if self.mean_sm_util_pct is None else f"{self.mean_sm_util_pct:.0f}%"
         return (
             f"{self.gpu_equivalents:g} GPU · {fmt.human_bytes(self.memory_quota_bytes)}\n"
-            f"{self.busy} busy · {self.idle} idle · SM {sm}"
+            f"{self.leased} leased · {self.free} free · SM {sm}"
         )
 
 
@@ -197,7 +197,7 @@ def column_totals(views: Sequence[SliceView], window: UtilWindow | None = None) 
     util_sum, util_n = 0.0, 0
     means: dict[str, float | None] = {}
     gpus = 0.0
-    memory = busy = 0
+    memory = leased = 0
     for v in views:
         uuid = v.gpu_uuid
         if uuid in means:
@@ -214,13 +214,13 @@ def column_totals(views: Sequence[SliceView], window: UtilWindow | None = None) 
         if v.memory_quota_bytes is not None:  # unknown quota: not counted (never a made-up 0)
             memory += v.memory_quota_bytes
         if v.lease_id is not None:
-            busy += 1
+            leased += 1
     return ColumnTotals(
         slices=len(views),
         gpu_equivalents=gpus,
         memory_quota_bytes=memory,
-        busy=busy,
-        idle=len(views) - busy,
+        leased=leased,
+        free=len(views) - leased,
         mean_sm_util_pct=util_sum / util_n if util_n else None,
     )
 

@@ -195,7 +195,8 @@ def layout_cells(row: FleetRow, layout: Layout) -> tuple[Text, ...]:
 
 def gpu_state(gpu: model.GpuStatus) -> str:
     """"error" (the GPU did not answer), "no sample" (none yet), "draining" (a reassignment waits
-    for a lease), "busy" (a slice is leased) or "idle"."""
+    for a lease), "leased" (a slice is leased) or "free" (none is; words of ownership,
+    never of load: SM utilization says that)."""
     if gpu.sample is not None and gpu.sample.error:
         return "error"
     if gpu.sample is None:
@@ -203,8 +204,8 @@ def gpu_state(gpu: model.GpuStatus) -> str:
     if any(s.pending for s in gpu.slices):
         return "draining"
     if any(s.leased for s in gpu.slices):
-        return "busy"
-    return "idle"
+        return "leased"
+    return "free"
 
 
 def wrap_into(message: str, widths: Sequence[int]) -> list[str]:
@@ -306,7 +307,7 @@ def gpu_row(
     leases = [lease for lease in node.leases if any(sid in slice_ids for sid in lease.slice_ids)]
     owners = sorted({lease.owner for lease in leases})
     lease_text = owners[0] + (f" +{len(owners) - 1}" if len(owners) > 1 else "") if owners else ""
-    state_style = {"error": palette.error, "busy": palette.get("slice-busy"), "draining": palette.warning}
+    state_style = {"error": palette.error, "leased": palette.get("slice-busy"), "draining": palette.warning}
     cells: dict[str, Text] = {
         "node": styled((node.name, "bold" if first_of_node else palette.muted)),
         "gpu": styled((str(gpu.identity.index), "")),

@@ -163,7 +163,7 @@ async def test_slices_and_lease_marker(source):
         text = cell(app, leased.uuid, "slices")
         assert "●" in text
         assert cell(app, leased.uuid, "lease") == "alice@ws12"
-        assert cell(app, leased.uuid, "state") == "busy"
+        assert cell(app, leased.uuid, "state") == "leased"
         split = next(g for g in node.gpus if len(g.slices) == 2)
         depts = [s.department for s in split.slices]
         expected = f"{depts[0]} ½×2" if depts[0] == depts[1] else f"{depts[0]} ½ · {depts[1]} ½"
@@ -413,7 +413,7 @@ async def test_node_detail_lists_slices_leases_and_usage(source):
         text = str(app.screen.query_one("#gpu-slices").render())
         assert text == str(slices_text(node, gpu, app.palette))
         leased = next(s for s in gpu.slices if s.leased)
-        assert f"busy lease-0002 alice@ws12 expires {fmt.utc_time(node.leases[0].expires_s)}" in text
+        assert f"leased lease-0002 alice@ws12 expires {fmt.utc_time(node.leases[0].expires_s)}" in text
         assert "in use 12.0 GiB · 56 op/s" in text
         assert f"#{leased.id.rsplit('/', 1)[1]} {fmt.fraction_glyph(leased.fraction)} {leased.department}" in text
 
@@ -723,7 +723,7 @@ async def test_lease_without_usage_shows_nothing(source):
         await settle(app, pilot)
         g = next(g for g in app.snapshot.nodes[0].gpus if any(s.leased for s in g.slices))
         assert cell(app, g.uuid, "usage") == ""
-        assert cell(app, g.uuid, "state") == "busy"
+        assert cell(app, g.uuid, "state") == "leased"
 
 
 def test_lease_usage_sums_and_ignores_bad_figures():
@@ -1473,3 +1473,51 @@ async def test_keys_typed_right_after_slash_go_into_the_filter(source, monkeypat
         await settle(app, pilot)
         assert stack_names(app) == ["FleetScreen", "LeasesScreen"]
         assert not app.check_action("filter", ())  # `/` on a screen without a filter: not taken
+
+
+# -- issue 9 -----------------------------------------------------------------------------------------
+
+
+def screen_lines(app: GpuctlApp) -> list[str]:
+    """What the terminal shows now, one string per line (the compositor's output)."""
+    return ["".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips(app.size)]
+
+
+async def test_the_slash_filter_shows_what_is_typed_above_the_footer(source):
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("slash")
+        await type_text(pilot, "node-03")
+        await pilot.pause()
+        lines = screen_lines(app)
+        shown = [i for i, line in enumerate(lines) if "node-03" in line and "GPU" not in line.split("node-03")[0]]
+        filter_line = app.screen.query_one("#filter").region.y
+        assert "node-03" in lines[filter_line]
+        assert filter_line < len(lines) - 1  # not under the footer (the last line)
+        assert "Filter" in lines[-1] or "Quit" in lines[-1]
+        assert shown
+
+
+async def test_console_words_are_leased_and_free_never_busy_or_idle(source):
+    app = make_app(source)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(app, pilot)
+        states = {cell(app, g.uuid, "state") for n in app.snapshot.nodes for g in n.gpus}
+        assert states <= {"leased", "free", "draining", "error", "no sample"} and {"leased", "free"} <= states
+        app.run_command("depts")
+        await settle(app, pilot)
+        text = "\n".join(screen_lines(app))
+        assert " free" in text and " leased" in text
+        assert " idle" not in text and " busy" not in text
+
+
+async def test_help_lists_schedule_audit_report_and_history_commands(source):
+    app = make_app(source)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(app, pilot)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        text = "\n".join(screen_lines(app))
+        for command in (":schedule", ":audit", ":report", ":history"):
+            assert command in text, command
