@@ -173,6 +173,8 @@ class GpuctlApp(App[None]):
         self._history_lock = threading.Lock()
         self._rows: tuple[model.FleetSnapshot | None, Palette | None, list[FleetRow]] = (None, None, [])
         self.flash_log: deque[str] = deque(maxlen=50)
+        #: Why the console stopped on an error (panic), None while it did not.
+        self.crash_message: str | None = None
         self.last_poll_error: str | None = None
         self._poll_timer: Timer | None = None
         self._too_small: TooSmallScreen | None = None
@@ -640,11 +642,52 @@ class GpuctlApp(App[None]):
     async def action_quit(self) -> None:
         self.exit()
 
+    # -- terminal input and crashes ----------------------------------------------------------------
+
+    def get_driver_class(self):  # noqa: ANN201 - Textual's Type[Driver]
+        """Textual's driver, except on Linux terminals: GuardedLinuxDriver (garbage input never
+        types into inputs; a parser failure drops one read, see gpuctl.console.terminal_input)."""
+        driver = super().get_driver_class()
+        from textual.drivers.linux_driver import LinuxDriver
+
+        if driver is LinuxDriver:
+            from gpuctl.console.terminal_input import GuardedLinuxDriver
+
+            return GuardedLinuxDriver
+        return driver
+
+    def on_terminal_input_dropped(self, message) -> None:  # noqa: ANN001 - TerminalInputDropped
+        """Input the terminal driver dropped: say so (it never reached an input)."""
+        if message.error:
+            self.flash(f"terminal input dropped: {message.error}", severity="error")
+        else:
+            n = message.count
+            self.flash(f"terminal input dropped: {n} malformed escape sequence{'s' if n != 1 else ''}"
+                       f" {message.sample!r}", severity="warning")
+
+    def panic(self, *renderables) -> None:  # noqa: ANN002 - Rich renderables
+        """Textual's panic (the input thread died, ...): the app exits with the message shown
+        and a non-zero return code (gpuctl then exits FAILURE), never 0."""
+        if self._return_code in (None, 0):
+            self._return_code = 1
+        if self.crash_message is None:
+            self.crash_message = "; ".join(_crash_text(r) for r in renderables) or "an unexpected error"
+        super().panic(*renderables)
+
     def on_unmount(self) -> None:
         if self._poll_timer is not None:
             self._poll_timer.stop()
         if getattr(self, "_gc_threshold", None):
             gc.set_threshold(*self._gc_threshold)
+
+
+def _crash_text(renderable: object) -> str:
+    """"ZeroDivisionError: float division by zero" for a Rich Traceback (what Textual's driver
+    panics with), the text itself for a string."""
+    stacks = getattr(getattr(renderable, "trace", None), "stacks", None)
+    if stacks:
+        return f"{stacks[-1].exc_type}: {stacks[-1].exc_value}"
+    return str(renderable)
 
 
 def build_app(

@@ -254,7 +254,8 @@ class BoardScreen(GpuctlScreen):
         moved = new_views.get(focused_id) if focused_id is not None else None
         if moved is not None and moved.department != focused_column:
             self.focus_slice(moved.slice_id)  # focus follows the moved card
-        elif not isinstance(self.focused, CardList) and views:
+        elif self.focused is None and views:
+            # only when nothing has the focus: the `:` bar's Input keeps it across polls
             self.call_after_refresh(self._focus_if_nothing)
         for dst, n in done.items():
             self._flash(f"done: moved {n} slice{'s' if n != 1 else ''} to {dst}")
@@ -272,7 +273,7 @@ class BoardScreen(GpuctlScreen):
                 return
 
     def _focus_if_nothing(self) -> None:
-        if isinstance(self.focused, CardList) or not self.is_current:
+        if self.focused is not None or not self.is_current:
             return
         for name in self._column_order:
             column = self._columns.get(name)

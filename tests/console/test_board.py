@@ -747,3 +747,21 @@ async def test_readonly_footer_offers_no_move_and_no_drag_hint(source):
         await pilot.pause()
         shown = {a.binding.action for a in app.active_bindings.values() if a.binding.show and a.enabled}
         assert "move" in shown
+
+
+async def test_colon_bar_on_the_board_survives_a_poll_and_runs_the_command(source):
+    """In a live console a poll lands while the `:` bar is open: the board used to give the focus
+    back to a card column, the bar closed, and the typed letters reached the board (`l`, Enter)."""
+    from gpuctl.screens.leases import LeasesScreen
+
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        board = await open_board(app, pilot)
+        await pilot.press("colon")
+        await pilot.press("l", "e")
+        app.poll()
+        await settle(app, pilot)
+        assert board.command_bar.is_open and app.focused is board.command_bar.input
+        await pilot.press("a", "s", "e", "s", "enter")
+        await settle(app, pilot)
+        assert isinstance(app.screen, LeasesScreen)
