@@ -35,7 +35,7 @@ from textual.binding import Binding
 from textual.containers import HorizontalScroll
 from textual.geometry import Offset
 from textual.message import Message
-from textual.widgets import Static
+from textual.widgets import Input, Static
 
 from gpuctl import model
 from gpuctl.fleet.reassign import ReassignRequest, new_request_id
@@ -254,8 +254,8 @@ class BoardScreen(GpuctlScreen):
         moved = new_views.get(focused_id) if focused_id is not None else None
         if moved is not None and moved.department != focused_column:
             self.focus_slice(moved.slice_id)  # focus follows the moved card
-        elif self.focused is None and views:
-            # only when nothing has the focus: the `:` bar's Input keeps it across polls
+        elif not isinstance(self.focused, (CardList, Input)) and views:
+            # a card column gets the focus, but never from an Input (the `:` bar keeps it across polls)
             self.call_after_refresh(self._focus_if_nothing)
         for dst, n in done.items():
             self._flash(f"done: moved {n} slice{'s' if n != 1 else ''} to {dst}")
@@ -273,7 +273,7 @@ class BoardScreen(GpuctlScreen):
                 return
 
     def _focus_if_nothing(self) -> None:
-        if self.focused is not None or not self.is_current:
+        if isinstance(self.focused, (CardList, Input)) or not self.is_current:
             return
         for name in self._column_order:
             column = self._columns.get(name)

@@ -8,8 +8,6 @@ move of idle slices, "drain" or "revoke" when a leased slice is among them) or N
 
 from __future__ import annotations
 
-import time
-
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -18,6 +16,9 @@ from textual.widgets import Button, OptionList, Static
 from textual.widgets.option_list import Option
 
 from gpuctl.screens.base import GpuctlModal
+from gpuctl.screens.confirm import CONFIRM_ARM_S, ArmedModal
+
+__all__ = ["CONFIRM_ARM_S", "DepartmentPickerScreen", "MoveConfirmScreen"]
 
 DIALOG_CSS = """
 MoveConfirmScreen, DepartmentPickerScreen { align: center middle; }
@@ -33,15 +34,11 @@ MoveConfirmScreen > #dialog, DepartmentPickerScreen > #dialog {
 #dialog OptionList { height: auto; max-height: 12; }
 """
 
-#: A move is confirmable only this long (seconds) after its dialog was first drawn: keys typed
-#: before the dialog was on the screen (a blind Enter while it was still being built) never move.
-CONFIRM_ARM_S = 0.3
-
 # The board shows through, dimmed: app.tcss gives every ModalScreen `$background 60%`, and
 # GpuctlModal renders that backdrop once (not on every repaint of the dialog).
 
 
-class MoveConfirmScreen(GpuctlModal[str | None]):
+class MoveConfirmScreen(ArmedModal):
     """"Move 2 slices (1.5 GPU) from research to training: ..." with Move / Cancel, or, when
     `leased_owners` is not empty, Drain / Revoke / Cancel and a line naming the leases' owners.
 
@@ -62,9 +59,6 @@ class MoveConfirmScreen(GpuctlModal[str | None]):
         super().__init__(classes="board-dialog")
         self.summary = summary
         self.leased_owners = list(leased_owners or [])
-        self._drawn_at: float | None = None
-        #: Confirming keys dropped because the dialog was not yet seen (tests read it).
-        self.unseen_keys_dropped = 0
 
     @property
     def leased(self) -> bool:
@@ -90,18 +84,8 @@ class MoveConfirmScreen(GpuctlModal[str | None]):
                     yield Button("Move (y)", id="refuse", variant="primary")
                 yield Button("Cancel (n)", id="cancel")
 
-    def on_mount(self) -> None:
+    def on_mount(self) -> None:  # ArmedModal.on_mount runs too (Textual calls each class's)
         self.query_one("#dialog-buttons Button", Button).focus()
-        self.call_after_refresh(self._drawn)
-
-    def _drawn(self) -> None:
-        if self._drawn_at is None:
-            self._drawn_at = time.monotonic()
-
-    @property
-    def armed(self) -> bool:
-        """Has the dialog been on the screen for CONFIRM_ARM_S (a move may be confirmed)?"""
-        return self._drawn_at is not None and time.monotonic() - self._drawn_at >= CONFIRM_ARM_S
 
     @on(Button.Pressed)
     def _pressed(self, event: Button.Pressed) -> None:
@@ -114,7 +98,7 @@ class MoveConfirmScreen(GpuctlModal[str | None]):
         if choice == "cancel":
             self.dismiss(None)
         elif not self.armed:
-            self.unseen_keys_dropped += 1  # typed before the dialog could be seen: never a move
+            self.dropped_unseen()  # typed before the dialog could be seen: never a move
         elif choice == "refuse" and not self.leased:
             self.dismiss("refuse")
         elif choice in ("drain", "revoke") and self.leased:
