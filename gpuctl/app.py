@@ -630,7 +630,7 @@ class GpuctlApp(App[None]):
             return True
         service = self.schedule_service()
         if service is None:
-            self.flash(f":{which}: this fleet source has no node connections", severity="warning")
+            self.flash(f":{which}: this fleet source keeps no schedule (no node connections)", severity="warning")
             return False
         self._to_base()
         if which == "schedule":

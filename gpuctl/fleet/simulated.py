@@ -247,12 +247,6 @@ class SimulatedFleetSource:
             max_parallel=16)
         self._client = FleetClient(config, self._transport)
 
-    @property
-    def client(self) -> Any:
-        """The FleetClient over the in-process nodes (as LiveFleetSource.client): the console's
-        schedule and audit screens use it through gpuctl.fleet.schedule.FleetSchedule."""
-        return self._client
-
     # -- construction helpers ------------------------------------------------------------------
 
     def _first_leases(self, n: int, node: str, slices: list[model.Slice]) -> dict[str, model.Lease]:

@@ -24,6 +24,7 @@ fleet's size, and a snapshot costs a diff of the slices plus the repaint of the 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,7 @@ from gpuctl.widgets.board_model import (
     column_totals,
     group_by_source,
     move_summary,
+    scheduled_flows,
     slice_views,
     unreachable_nodes,
 )
@@ -59,6 +61,8 @@ __all__ = ["BoardDrag", "BoardScreen", "CARD_PITCH", "COLUMN_MIN_WIDTH", "amount
 
 #: Narrowest column (cells, borders included); below it the board scrolls horizontally.
 COLUMN_MIN_WIDTH = 30
+#: Seconds between two reads of the fleet's schedule (the "24h: +1 −0.5 GPU" line of each column).
+SCHEDULE_REFRESH_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,9 @@ class BoardScreen(GpuctlScreen):
         self._unreachable: list[str] = []
         self._ghost = DragGhost("", markup=False)
         self._window_seen: model.FleetSnapshot | None = None
+        #: The schedule entries last read (gpuctl.fleet.schedule.entries), [] before / without any.
+        self.schedule_entries: list[dict[str, Any]] = []
+        self._nodes_down = (0, False)
         #: Snapshots drawn (show_snapshot calls that reached the columns).
         self.snapshots_shown = 0
 
@@ -144,7 +151,29 @@ class BoardScreen(GpuctlScreen):
         self.drag_controller = DragController(self, self._ghost, self._payload_for)
         self.watch(self.app, "snapshot", self._record_utilization, init=True)
         await self._ensure_columns(column_names(self._departments()))
+        self.load_schedule()
+        self.set_interval(SCHEDULE_REFRESH_S, self.load_schedule, name="board-schedule")
         # GpuctlScreen.on_mount runs after this one (Textual calls each class's handler).
+
+    def load_schedule(self) -> None:
+        """Read the fleet's schedule entries in a thread worker (the host's schedule_service,
+        the CLI's gpuctl.fleet.schedule.FleetSchedule); nothing when the source has none."""
+        service_for = getattr(self.app, "schedule_service", None)
+        service = service_for() if callable(service_for) else None
+        if service is not None:
+            self._read_schedule(service)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="board-schedule")
+    def _read_schedule(self, service: Any) -> None:
+        try:
+            entries, _errors = service.entries()
+        except Exception:  # noqa: BLE001 - no schedule line then; the schedule screen says why
+            return
+        self.app.call_from_thread(self._schedule_read, entries)
+
+    def _schedule_read(self, entries: list[dict[str, Any]]) -> None:
+        self.schedule_entries = list(entries)
+        self._data_changed()
 
     def _departments(self) -> list[model.Department]:
         return list(self.host.source.departments)
@@ -241,11 +270,17 @@ class BoardScreen(GpuctlScreen):
             elif v.department == dst:
                 del self._moving[sid]
                 done[dst] = done.get(dst, 0) + 1
+        down = sum(1 for n in snapshot.nodes if not n.reachable)
+        all_down = bool(snapshot.nodes) and down == len(snapshot.nodes)
+        flows = scheduled_flows(self.schedule_entries, time.time(),
+                                fractions={sid: v.fraction for sid, v in new_views.items()})
         with self.app.batch_update():
             for name, column in self._columns.items():
                 mine = by_column.get(name, [])
                 column.body.set_cards(mine)
-                column.set_totals(column_totals(mine, self.util_window))
+                arriving, leaving = flows.get(name, (0.0, 0.0))
+                column.set_totals(column_totals(mine, self.util_window, nodes_down=down, all_down=all_down,
+                                                arriving_gpus=arriving, leaving_gpus=leaving))
             self._views = new_views
             self._by_column = {name: [v.slice_id for v in vs] for name, vs in by_column.items()}
             self._unreachable = unreachable_nodes(snapshot)

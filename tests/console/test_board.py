@@ -170,9 +170,9 @@ def test_column_totals_sum_fractions_memory_busy_idle_and_mean_util():
     assert t.memory_quota_bytes == int(0.5 * 80 * fmt.GIB) + int(0.25 * 80 * fmt.GIB) + 80 * fmt.GIB
     # GPU 0: window mean 30 % (two slices); GPU 1: no window data, latest reading 90 %.
     assert t.mean_sm_util_pct == pytest.approx((30 + 30 + 90) / 3)
-    assert t.text() == "1.75 GPU · 140.0 GiB\n1 leased · 2 free · SM 50%"
+    assert t.text() == "1.75 GPU · 140.0 GiB\n1 leased · 2 free · SM 50%\n"
     empty = column_totals([], w)
-    assert empty.text() == "0 GPU · 0 B\n0 leased · 0 free · SM N/A"
+    assert empty.text() == "0 GPU · 0 B\n0 leased · 0 free · SM N/A\n"
 
 
 def test_slice_views_leave_out_unreachable_nodes_and_name_lease_owners():
@@ -249,7 +249,11 @@ def _expected_column_text(snapshot: model.FleetSnapshot, dept: str) -> str:
     busy = sum(1 for _, s in slices if s.lease_id)
     utils = [g.sample.sm_util_pct for g, _ in slices if g.sample.sm_util_pct is not None]
     sm = f"{sum(utils) / len(utils):.0f}%" if utils else "N/A"
-    return f"{gpus:g} GPU · {fmt.human_bytes(mem)}\n{busy} leased · {len(slices) - busy} free · SM {sm}"
+    down = sum(1 for n in snapshot.nodes if not n.reachable)
+    ge = "≥" if down else ""
+    note = f"{down} node{'s' if down != 1 else ''} down" if down else ""
+    return (f"{ge}{gpus:g} GPU · {ge}{fmt.human_bytes(mem)}\n{busy} leased · {len(slices) - busy} free · SM {sm}"
+            f"\n{note}")
 
 
 async def test_board_has_a_column_per_department_and_unassigned_with_totals(source):
