@@ -244,6 +244,8 @@ class GpuctlApp(PollingMixin, KeyOrderMixin, CommandsMixin, App[None]):
             return action == "quit"
         if action == "filter":
             return callable(getattr(top, "action_filter", None))
+        if action == "refresh" and callable(getattr(top, "action_reload", None)):
+            return False  # `r` is the screen's own reload (:schedule, :audit)
         return True
 
     def _check_size(self, w: int | None = None, h: int | None = None) -> None:

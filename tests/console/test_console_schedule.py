@@ -147,6 +147,11 @@ async def test_colon_schedule_and_audit_in_the_console_open_these_screens(node):
         table = screen.query_one(DataTable)
         assert table.row_count == 1
         assert [str(c) for c in table.get_row_at(0)][3:5] == ["unassigned", "research"]
+        # `r` is the screen's reload there (not the app's refresh): a second entry shows up
+        schedule.add("+5h", "unassigned", "research", "1", time.time())
+        await pilot.press("r")
+        await _settle(app, pilot)
+        assert table.row_count == 2
         await pilot.press("escape")
         await pilot.pause()
         assert isinstance(app.screen, FleetScreen)
