@@ -79,6 +79,7 @@ def run_fleet(nodes: int, gpus_per_node: int, seconds: float, refresh_s: float, 
     """Run the console headless on a nodes x gpus_per_node fleet for `seconds` after the first
     snapshot; return the figures described in the module doc (times in ms, CPU in % of one core)."""
     import gpuctl.app as app_module
+    import gpuctl.console.polling as polling_module
     from textual.screen import Screen
 
     from gpuctl.fleet.simulated import SimulatedFleetSource
@@ -95,7 +96,7 @@ def run_fleet(nodes: int, gpus_per_node: int, seconds: float, refresh_s: float, 
                 TimedSource.source_cpu_s += time.thread_time() - t0
 
     rows_ms: list[float] = []
-    real_fleet_rows = app_module.fleet_rows
+    real_fleet_rows = polling_module.fleet_rows
 
     def timed_fleet_rows(*args, **kwargs):
         t0 = time.perf_counter()
@@ -104,7 +105,7 @@ def run_fleet(nodes: int, gpus_per_node: int, seconds: float, refresh_s: float, 
         finally:
             rows_ms.append((time.perf_counter() - t0) * 1000.0)
 
-    app_module.fleet_rows = timed_fleet_rows
+    polling_module.fleet_rows = timed_fleet_rows
 
     ticks: list[dict] = []  # {"apply_ms", "paint_ms"} per snapshot
     state: dict = {"window": None, "paint_ms": 0.0}
@@ -125,7 +126,7 @@ def run_fleet(nodes: int, gpus_per_node: int, seconds: float, refresh_s: float, 
     # Time the app's own SnapshotArrived handler. (Not by overriding it in a subclass: Textual
     # calls the handler of every class in the MRO, so an override calling super() would apply
     # each snapshot twice.) This process is the benchmark's own child: patching the class is fine.
-    real_on_snapshot_arrived = app_module.GpuctlApp.on_snapshot_arrived
+    real_on_snapshot_arrived = polling_module.PollingMixin.on_snapshot_arrived
 
     def timed_on_snapshot_arrived(app, message):
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -138,7 +139,7 @@ def run_fleet(nodes: int, gpus_per_node: int, seconds: float, refresh_s: float, 
             gc_state["total_s"], gc_state["count"] = 0.0, 0
             app.set_timer(seconds, lambda: bench_stop(app))
 
-    app_module.GpuctlApp.on_snapshot_arrived = timed_on_snapshot_arrived
+    polling_module.PollingMixin.on_snapshot_arrived = timed_on_snapshot_arrived
 
     def bench_stop(app):
         w0, c0, t0, s0 = state["window"]

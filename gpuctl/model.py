@@ -253,7 +253,9 @@ class GpuStatus:
     lease's worker, and their descendants): ``[{"pid", "lease_id", "memory_used_bytes"}]``.
     outside_processes: the other ones ("outside gpuctl"): ``[{"pid", "user", "memory_used_bytes"}]``
     (user: login name, or the uid as text, None when the process is not visible to gpuctld). Both
-    None when the process list is unknown (see the sample's processes_error).
+    None when the process list is unknown (see the sample's processes_error). missing: the node's
+    backend no longer reports this GPU (replaced or gone; the daemon keeps its slices and owners
+    and lists it in its status's "missing_gpus"): not counted in capacity figures.
     """
 
     identity: GpuIdentity
@@ -261,6 +263,7 @@ class GpuStatus:
     slices: list[Slice] = field(default_factory=list)
     lease_processes: list[dict[str, Any]] | None = None
     outside_processes: list[dict[str, Any]] | None = None
+    missing: bool = False
 
     @property
     def uuid(self) -> str:
@@ -273,6 +276,7 @@ class GpuStatus:
             "slices": [s.to_json() for s in self.slices],
             "lease_processes": self.lease_processes,
             "outside_processes": self.outside_processes,
+            **({"missing": True} if self.missing else {}),
         }
 
     @classmethod
@@ -283,6 +287,7 @@ class GpuStatus:
             slices=[Slice.from_json(s) for s in data.get("slices", [])],
             lease_processes=data.get("lease_processes"),
             outside_processes=data.get("outside_processes"),
+            missing=bool(data.get("missing", False)),
         )
 
 
@@ -335,10 +340,20 @@ class NodeStatus:
             generation=data.get("generation", 0),
             backend=data.get("backend"),
             hostname=data.get("hostname"),
-            gpus=[GpuStatus.from_json(g) for g in data.get("gpus", [])],
+            gpus=_mark_missing([GpuStatus.from_json(g) for g in data.get("gpus", [])], data.get("missing_gpus")),
             leases=[Lease.from_json(x) for x in data.get("leases", [])],
             fetched_at_s=data.get("fetched_at_s", time.time()),
         )
+
+
+def _mark_missing(gpus: list[GpuStatus], missing_uuids: Any) -> list[GpuStatus]:
+    """Set GpuStatus.missing for the GPUs a daemon's status lists in "missing_gpus"."""
+    if isinstance(missing_uuids, list) and missing_uuids:
+        wanted = set(missing_uuids)
+        for g in gpus:
+            if g.uuid in wanted:
+                g.missing = True
+    return gpus
 
 
 @dataclass
@@ -352,7 +367,8 @@ class FleetSnapshot:
         return next((n for n in self.nodes if n.name == name), None)
 
     def gpu_count(self) -> int:
-        return sum(len(n.gpus) for n in self.nodes)
+        """GPUs of the reachable nodes that their backend reports (missing GPUs not counted)."""
+        return sum(1 for n in self.nodes for g in n.gpus if not g.missing)
 
 
 def gpu_equivalents(slices: list[Slice]) -> float:
@@ -376,23 +392,29 @@ class DepartmentTotals:
     slices: int = 0
     leased_slices: int = 0
     per_node: dict[str, float] = field(default_factory=dict)
+    missing_gpu_equivalents: float = 0.0
 
 
 def department_totals(snapshot: FleetSnapshot, departments: list[str]) -> list[DepartmentTotals]:
     """The one department-totals rule (CLI `gpuctl departments` and the console header): one row
     per department in order: `departments` (config order; rows of zero included), then
     departments only the fleet knows (sorted), then UNASSIGNED (always, least important).
-    Unreachable nodes count nothing (they report no slices)."""
+    Unreachable nodes count nothing (they report no slices). Slices of a GPU missing from its
+    backend (GpuStatus.missing) are counted apart, in missing_gpu_equivalents only."""
     rows: dict[str, DepartmentTotals] = {name: DepartmentTotals(name) for name in departments}
     extra: dict[str, DepartmentTotals] = {}
     unassigned = DepartmentTotals(UNASSIGNED, configured=False)
     for n in snapshot.nodes:
+        missing = {g.uuid for g in n.gpus if g.missing}
         for s in n.slices():
             if s.department == UNASSIGNED:
                 row = unassigned
             else:
                 row = rows.get(s.department) or extra.setdefault(
                     s.department, DepartmentTotals(s.department, configured=False))
+            if s.gpu_uuid in missing:
+                row.missing_gpu_equivalents += s.fraction
+                continue
             row.gpu_equivalents += s.fraction
             row.slices += 1
             if s.leased:

@@ -37,3 +37,15 @@ def opened(sshd):
     yield _open
     for t in transports:
         t.close()
+
+
+@pytest.fixture
+def source():
+    """The console tests' simulated fleet: 4 nodes x 8 GPUs, seed 0 (gpuctl.fleet.simulated)."""
+    from gpuctl.fleet.simulated import SimulatedFleetSource
+
+    src = SimulatedFleetSource(nodes=4, gpus_per_node=8, seed=0)
+    try:
+        yield src
+    finally:
+        src.close()

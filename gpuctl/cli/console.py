@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from gpuctl.cli.context import load_config, open_fleet, require_terminal
 from gpuctl.cli.errors import UsageError
@@ -35,6 +36,8 @@ def run_console(source, *, readonly: bool = False, theme: str | None = None, ref
         raise UsageError(f"--theme: {exc}") from None
     app.run()
     if app.return_code not in (None, 0):
+        reason = getattr(app, "crash_message", None) or "an unexpected error (its traceback is above)"
+        print(f"gpuctl: the console stopped on {reason}", file=sys.stderr)
         return ExitCode.FAILURE
     return ExitCode.OK
 

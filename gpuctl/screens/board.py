@@ -1,8 +1,8 @@
 """The department board (`:depts`): a column per department plus "unassigned", a card per slice.
 
 Reading it: each column's title is the department; under it its totals (GPU-equivalents, memory
-quota, busy/idle slices, mean SM utilization of its slices over the last minute); each card is a
-slice (node, GPU index, fraction, live SM utilization, idle or 🔒 leased with the lease's owner).
+quota, leased/free slices, mean SM utilization of its slices over the last minute); each card is a
+slice (node, GPU index, fraction, live SM utilization, free or 🔒 leased with the lease's owner).
 
 Moving slices, by mouse: drag a card onto another column (a drag of a selected card carries the
 whole selection; shift-click or space selects); by keyboard: arrows move between cards and
@@ -24,6 +24,7 @@ fleet's size, and a snapshot costs a diff of the slices plus the repaint of the 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +36,7 @@ from textual.binding import Binding
 from textual.containers import HorizontalScroll
 from textual.geometry import Offset
 from textual.message import Message
-from textual.widgets import Static
+from textual.widgets import Input, Static
 
 from gpuctl import model
 from gpuctl.fleet.reassign import ReassignRequest, new_request_id
@@ -50,6 +51,7 @@ from gpuctl.widgets.board_model import (
     column_totals,
     group_by_source,
     move_summary,
+    scheduled_flows,
     slice_views,
     unreachable_nodes,
 )
@@ -59,6 +61,8 @@ __all__ = ["BoardDrag", "BoardScreen", "CARD_PITCH", "COLUMN_MIN_WIDTH", "amount
 
 #: Narrowest column (cells, borders included); below it the board scrolls horizontally.
 COLUMN_MIN_WIDTH = 30
+#: Seconds between two reads of the fleet's schedule (the "24h: +1 −0.5 GPU" line of each column).
+SCHEDULE_REFRESH_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,8 @@ class BoardScreen(GpuctlScreen):
     BINDINGS = [
         Binding("space", "toggle_select", "Select"),
         Binding("m", "move", "Move to…"),
+        # read-only: `m` is left out of the footer (check_action) and only says why it does nothing
+        Binding("m", "move_readonly", show=False),
         Binding("enter", "open_node", "Node detail"),
         Binding("escape", "escape", "Back / cancel"),
     ]
@@ -115,8 +121,24 @@ class BoardScreen(GpuctlScreen):
         self._unreachable: list[str] = []
         self._ghost = DragGhost("", markup=False)
         self._window_seen: model.FleetSnapshot | None = None
+        #: The schedule entries last read (gpuctl.fleet.schedule.entries), [] before / without any.
+        self.schedule_entries: list[dict[str, Any]] = []
+        self._nodes_down = (0, False)
         #: Snapshots drawn (show_snapshot calls that reached the columns).
         self.snapshots_shown = 0
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Read-only: `m Move to…` is not offered (hidden from the footer); its key only flashes
+        why. Otherwise the read-only twin is the hidden one."""
+        readonly = bool(getattr(self.app, "readonly", False))
+        if action == "move":
+            return not readonly
+        if action == "move_readonly":
+            return readonly
+        return True
+
+    def action_move_readonly(self) -> None:
+        self._flash("read-only mode: moving slices is disabled", severity="warning")
 
     # -- composition and data ------------------------------------------------------------------
 
@@ -129,7 +151,29 @@ class BoardScreen(GpuctlScreen):
         self.drag_controller = DragController(self, self._ghost, self._payload_for)
         self.watch(self.app, "snapshot", self._record_utilization, init=True)
         await self._ensure_columns(column_names(self._departments()))
+        self.load_schedule()
+        self.set_interval(SCHEDULE_REFRESH_S, self.load_schedule, name="board-schedule")
         # GpuctlScreen.on_mount runs after this one (Textual calls each class's handler).
+
+    def load_schedule(self) -> None:
+        """Read the fleet's schedule entries in a thread worker (the host's schedule_service,
+        the CLI's gpuctl.fleet.schedule.FleetSchedule); nothing when the source has none."""
+        service_for = getattr(self.app, "schedule_service", None)
+        service = service_for() if callable(service_for) else None
+        if service is not None:
+            self._read_schedule(service)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="board-schedule")
+    def _read_schedule(self, service: Any) -> None:
+        try:
+            entries, _errors = service.entries()
+        except Exception:  # noqa: BLE001 - no schedule line then; the schedule screen says why
+            return
+        self.app.call_from_thread(self._schedule_read, entries)
+
+    def _schedule_read(self, entries: list[dict[str, Any]]) -> None:
+        self.schedule_entries = list(entries)
+        self._data_changed()
 
     def _departments(self) -> list[model.Department]:
         return list(self.host.source.departments)
@@ -226,11 +270,17 @@ class BoardScreen(GpuctlScreen):
             elif v.department == dst:
                 del self._moving[sid]
                 done[dst] = done.get(dst, 0) + 1
+        down = sum(1 for n in snapshot.nodes if not n.reachable)
+        all_down = bool(snapshot.nodes) and down == len(snapshot.nodes)
+        flows = scheduled_flows(self.schedule_entries, time.time(),
+                                fractions={sid: v.fraction for sid, v in new_views.items()})
         with self.app.batch_update():
             for name, column in self._columns.items():
                 mine = by_column.get(name, [])
                 column.body.set_cards(mine)
-                column.set_totals(column_totals(mine, self.util_window))
+                arriving, leaving = flows.get(name, (0.0, 0.0))
+                column.set_totals(column_totals(mine, self.util_window, nodes_down=down, all_down=all_down,
+                                                arriving_gpus=arriving, leaving_gpus=leaving))
             self._views = new_views
             self._by_column = {name: [v.slice_id for v in vs] for name, vs in by_column.items()}
             self._unreachable = unreachable_nodes(snapshot)
@@ -239,7 +289,8 @@ class BoardScreen(GpuctlScreen):
         moved = new_views.get(focused_id) if focused_id is not None else None
         if moved is not None and moved.department != focused_column:
             self.focus_slice(moved.slice_id)  # focus follows the moved card
-        elif not isinstance(self.focused, CardList) and views:
+        elif not isinstance(self.focused, (CardList, Input)) and views:
+            # a card column gets the focus, but never from an Input (the `:` bar keeps it across polls)
             self.call_after_refresh(self._focus_if_nothing)
         for dst, n in done.items():
             self._flash(f"done: moved {n} slice{'s' if n != 1 else ''} to {dst}")
@@ -257,7 +308,7 @@ class BoardScreen(GpuctlScreen):
                 return
 
     def _focus_if_nothing(self) -> None:
-        if isinstance(self.focused, CardList) or not self.is_current:
+        if isinstance(self.focused, (CardList, Input)) or not self.is_current:
             return
         for name in self._column_order:
             column = self._columns.get(name)
@@ -274,8 +325,10 @@ class BoardScreen(GpuctlScreen):
             parts.append(f"{len(self._moving)} moving")
         if self._unreachable:
             parts.append(f"unreachable, slices not shown: {', '.join(self._unreachable)}")
-        if not parts:
+        if not parts and not self.host.readonly:  # read-only: no hint at a move it would refuse
             parts.append("drag a card onto a column, or select (space) and press m")
+        if not parts:
+            parts.append("read-only: slices cannot be moved")
         try:
             self.query_one("#board-status", Static).update(" · ".join(parts), layout=False)  # one row, fixed
         except Exception:  # noqa: BLE001 - before compose
@@ -340,7 +393,7 @@ class BoardScreen(GpuctlScreen):
         if cards is None or index is None:
             return False
         cards.move_cursor(index)
-        cards.focus()
+        self.focus_now(cards)
         return True
 
     @property
@@ -392,7 +445,8 @@ class BoardScreen(GpuctlScreen):
             other = self._columns[order[k]].body
             if other.views:
                 other.move_cursor(min(cards.cursor, len(other.views) - 1))
-                other.focus()
+                # now, not on the next idle: the next arrow of a fast burst starts from here
+                self.focus_now(other)
                 return
             k += step
 

@@ -86,6 +86,7 @@ class FleetScreen(GpuctlScreen):
             id="fleet-table", cursor_type="row", zebra_stripes=True, cursor_foreground_priority="renderable"
         )
         yield Static("", id="fleet-empty")
+        yield Static("", id="fleet-down", markup=False)
         # the filter Input is mounted after the screen is on the stack (see filter_input)
 
     @property
@@ -161,6 +162,19 @@ class FleetScreen(GpuctlScreen):
                     else "no GPUs in the fleet"
                 )
             empty.display = not rows
+            self._show_down(snapshot)
+
+    def _show_down(self, snapshot: model.FleetSnapshot) -> None:
+        """Under the table, each node that did not answer with its whole reason (its row has the
+        reason in one cell, cut to that cell's width)."""
+        down = [n for n in snapshot.nodes if not n.reachable]
+        line = self.query_one("#fleet-down", Static)
+        text = "\n".join(f"{n.name} down: {n.error or 'no answer'}" for n in down[:3])
+        if len(down) > 3:
+            text += f" (and {len(down) - 3} more nodes down)"
+        if str(line.render()) != text:
+            line.update(text)
+        line.display = bool(down)
 
     def _rebuild(self, table: DataTable, rows: list[FleetRow], layout: Layout) -> None:
         cursor_key = self._cursor_after_rebuild or self.cursor_key()

@@ -3,7 +3,7 @@ import the app (gpuctl.app.GpuctlApp implements it; a screen reaches it as ``sel
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from gpuctl import model
@@ -35,3 +35,7 @@ class ConsoleHost(Protocol):
 
     def action_back(self) -> None:
         """Close the top screen (back to the one below)."""
+
+    def schedule_service(self) -> Any | None:
+        """The fleet's schedule and audit service (gpuctl.fleet.schedule.FleetSchedule; its calls
+        block: call them from a worker), or None when the source has no node connections."""

@@ -16,6 +16,9 @@ from textual.widgets import Button, OptionList, Static
 from textual.widgets.option_list import Option
 
 from gpuctl.screens.base import GpuctlModal
+from gpuctl.screens.confirm import CONFIRM_ARM_S, ArmedModal
+
+__all__ = ["CONFIRM_ARM_S", "DepartmentPickerScreen", "MoveConfirmScreen"]
 
 DIALOG_CSS = """
 MoveConfirmScreen, DepartmentPickerScreen { align: center middle; }
@@ -35,11 +38,13 @@ MoveConfirmScreen > #dialog, DepartmentPickerScreen > #dialog {
 # GpuctlModal renders that backdrop once (not on every repaint of the dialog).
 
 
-class MoveConfirmScreen(GpuctlModal[str | None]):
+class MoveConfirmScreen(ArmedModal):
     """"Move 2 slices (1.5 GPU) from research to training: ..." with Move / Cancel, or, when
     `leased_owners` is not empty, Drain / Revoke / Cancel and a line naming the leases' owners.
 
-    Keys: y or Enter = Move (idle slices only), d = Drain, r = Revoke, n or Escape = Cancel.
+    Keys: y or Enter = Move (free slices only), d = Drain, r = Revoke, n or Escape = Cancel.
+    Move, Drain and Revoke are refused (the key is dropped) until the dialog has been drawn and
+    CONFIRM_ARM_S has passed (:attr:`armed`); cancelling always works.
     """
 
     DEFAULT_CSS = DIALOG_CSS
@@ -79,7 +84,7 @@ class MoveConfirmScreen(GpuctlModal[str | None]):
                     yield Button("Move (y)", id="refuse", variant="primary")
                 yield Button("Cancel (n)", id="cancel")
 
-    def on_mount(self) -> None:
+    def on_mount(self) -> None:  # ArmedModal.on_mount runs too (Textual calls each class's)
         self.query_one("#dialog-buttons Button", Button).focus()
 
     @on(Button.Pressed)
@@ -92,6 +97,8 @@ class MoveConfirmScreen(GpuctlModal[str | None]):
         that does not fit (Move with leased slices, Drain/Revoke without) is ignored."""
         if choice == "cancel":
             self.dismiss(None)
+        elif not self.armed:
+            self.dropped_unseen()  # typed before the dialog could be seen: never a move
         elif choice == "refuse" and not self.leased:
             self.dismiss("refuse")
         elif choice in ("drain", "revoke") and self.leased:

@@ -99,7 +99,7 @@ def slices_text(node: model.NodeStatus, gpu: model.GpuStatus, palette: Palette) 
         text.append(f" {fmt.human_bytes(s.memory_quota_bytes):>9}  ", style=palette.muted)
         if s.lease_id:
             lease = leases.get(s.lease_id)
-            text.append("busy ", style=palette.get("slice-busy"))
+            text.append("leased ", style=palette.get("slice-busy"))
             if lease is not None:
                 text.append(f"{lease.id} {lease.owner} expires {fmt.utc_time(lease.expires_s)}")
             else:
@@ -113,7 +113,7 @@ def slices_text(node: model.NodeStatus, gpu: model.GpuStatus, palette: Palette) 
                     style=palette.get("slice-busy"),
                 )
         else:
-            text.append("idle", style=palette.get("slice-idle"))
+            text.append("free", style=palette.get("slice-idle"))
         if s.pending:
             text.append(f"  → {s.pending.get('to', '?')} when the lease ends", style=palette.warning)
     for p in gpu.outside_processes or ():
@@ -293,7 +293,7 @@ class NodeDetailScreen(GpuctlScreen):
         prompts = []
         for g in gpus:
             state = gpu_state(g)
-            style = {"error": palette.error, "busy": palette.get("slice-busy"), "draining": palette.warning}
+            style = {"error": palette.error, "leased": palette.get("slice-busy"), "draining": palette.warning}
             prompt = Text(no_wrap=True, end="")
             prompt.append(f"GPU {g.identity.index} ")
             prompt.append(state, style=style.get(state, palette.get("slice-idle")))
@@ -335,7 +335,7 @@ class NodeDetailScreen(GpuctlScreen):
         line.append(f"  {ident.name}  {ident.uuid}")
         if ident.pci_bus_id:
             line.append(f"  bus {ident.pci_bus_id}", style=palette.muted)
-        state_style = {"error": palette.error, "busy": palette.get("slice-busy"), "draining": palette.warning}
+        state_style = {"error": palette.error, "leased": palette.get("slice-busy"), "draining": palette.warning}
         line.append(f"  {state}", style=state_style.get(state, palette.get("slice-idle")))
         if gpu.sample is not None and gpu.sample.error:
             line.append(f"  {gpu.sample.error}", style=palette.error)

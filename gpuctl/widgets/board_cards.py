@@ -1,7 +1,7 @@
 """The cards of one board column, drawn line by line: one widget per column, not one per slice.
 
 A card is one slice in two lines: where and how big ("node-01 GPU 3 ½", "#k" when the GPU is
-split), then its live SM utilization and its state: "idle", "🔒 alice@ws12" (leased, with the
+split), then its live SM utilization and its state: "free", "🔒 alice@ws12" (leased, with the
 lease's owner), "🔒 → training (drain)" (a drain-mode move waiting for the lease to end),
 "moving → training…" (a move the console sent and has not seen done yet) or the GPU's error. A bar
 on the left edge carries the state's color ($slice-idle, $slice-busy, $warning, $error).
@@ -68,12 +68,12 @@ def card_parts(view: SliceView, *, selected: bool = False, moving_to: str | None
     elif view.leased:
         bottom.append((f"{LOCK} {view.lease_owner or view.lease_id}", "busy"))
     else:
-        bottom.append(("idle", "idle"))
+        bottom.append(("free", "idle"))
     return top, bottom
 
 
 def card_text(view: SliceView, *, selected: bool = False, moving_to: str | None = None) -> str:
-    """The card's two lines as plain text, e.g. "node-01 GPU 3 ½ #1\\nSM  43% idle"."""
+    """The card's two lines as plain text, e.g. "node-01 GPU 3 ½ #1\\nSM  43% free"."""
     top, bottom = card_parts(view, selected=selected, moving_to=moving_to)
     return "".join(t for t, _ in top) + "\n" + "".join(t for t, _ in bottom)
 

@@ -38,6 +38,7 @@ class SliceView:
     pending_to: the department a drain-mode move will give it to when its lease ends, else None.
     outside_processes: how many GPU processes outside gpuctl (no lease's) run on its GPU (0 when
     none or unknown): the card is marked, since they take memory and SMs from the slices.
+    missing: its GPU is missing from the node's backend (model.GpuStatus.missing): counted apart.
     """
 
     slice_id: str
@@ -53,10 +54,11 @@ class SliceView:
     gpu_error: str | None = None
     pending_to: str | None = None
     outside_processes: int = 0
+    missing: bool = False
 
     @property
     def leased(self) -> bool:
-        """True while a lease holds the slice ("busy")."""
+        """True while a lease holds the slice ("leased")."""
         return self.lease_id is not None
 
     def label(self) -> str:
@@ -85,13 +87,14 @@ def slice_views(snapshot: model.FleetSnapshot | None) -> list[SliceView]:
             error = sample.error if sample is not None else None
             util = None if sample is None or error else sample.sm_util_pct
             outside = len(gpu.outside_processes or ())
+            missing = gpu.missing
             for s in gpu.slices:
                 lease = s.lease_id
                 pending = s.pending
                 # positional, in field order (a third faster than keywords for ~1700 slices)
                 append(view(s.id, name, index, uuid, s.fraction, s.memory_quota_bytes, s.department, lease,
                             owners.get(lease) if lease else None, util, error,
-                            pending.get("to") if pending else None, outside))
+                            pending.get("to") if pending else None, outside, missing))
     return out
 
 
@@ -169,36 +172,63 @@ class ColumnTotals:
     """A column's header figures.
 
     slices: number of slices. gpu_equivalents: sum of their fractions. memory_quota_bytes: sum of
-    their memory quotas (bytes). busy / idle: leased / unleased slices. mean_sm_util_pct: mean over
+    their memory quotas (bytes). leased / free: slices held by a lease / not. mean_sm_util_pct: mean over
     the slices of their GPU's mean SM utilization in the window (%), None when no slice has one.
+    missing: slices on GPUs missing from their backend (in none of the other figures).
+    nodes_down: nodes that did not answer (their slices are unknown: the figures are lower
+    bounds, or unknown when no node answered). arriving_gpus / leaving_gpus: GPU-equivalents
+    scheduled to come to / leave the department in the next 24 h (schedule entries, planned).
     """
 
     slices: int
     gpu_equivalents: float
     memory_quota_bytes: int
-    busy: int
-    idle: int
+    leased: int
+    free: int
     mean_sm_util_pct: float | None
+    missing: int = 0
+    nodes_down: int = 0
+    all_down: bool = False
+    arriving_gpus: float = 0.0
+    leaving_gpus: float = 0.0
 
     def text(self) -> str:
-        """Two lines: "5.5 GPU · 440.0 GiB" and "2 busy · 6 idle · SM 43%" (SM: the mean over the
-        window, "N/A" when no slice has a reading)."""
+        """Three lines: "5.5 GPU · 440.0 GiB", "2 leased · 6 free · SM 43%" (SM: the mean over the
+        window, "N/A" when no slice has a reading) and what is special: "24h: +1 −0.5 GPU"
+        (scheduled), "1 missing", "1 node down". With nodes down the capacity figures are "≥"
+        (at least); with every node down they are "unknown", never 0."""
         sm = "N/A" if self.mean_sm_util_pct is None else f"{self.mean_sm_util_pct:.0f}%"
-        return (
-            f"{self.gpu_equivalents:g} GPU · {fmt.human_bytes(self.memory_quota_bytes)}\n"
-            f"{self.busy} busy · {self.idle} idle · SM {sm}"
-        )
+        down = f"{self.nodes_down} node{'s' if self.nodes_down != 1 else ''} down"
+        if self.all_down:
+            first, second = f"unknown ({down})", "leased, free, SM: unknown"
+        else:
+            at_least = "≥" if self.nodes_down else ""
+            first = f"{at_least}{self.gpu_equivalents:g} GPU · {at_least}{fmt.human_bytes(self.memory_quota_bytes)}"
+            second = f"{self.leased} leased · {self.free} free · SM {sm}"
+        notes = []
+        if self.arriving_gpus or self.leaving_gpus:
+            notes.append(f"24h: +{self.arriving_gpus:g} −{self.leaving_gpus:g} GPU")
+        if self.missing:
+            notes.append(f"{self.missing} missing")
+        if self.nodes_down and not self.all_down:
+            notes.append(down)
+        return f"{first}\n{second}\n{' · '.join(notes)}"
 
 
-def column_totals(views: Sequence[SliceView], window: UtilWindow | None = None) -> ColumnTotals:
+def column_totals(views: Sequence[SliceView], window: UtilWindow | None = None, *, nodes_down: int = 0,
+                  all_down: bool = False, arriving_gpus: float = 0.0, leaving_gpus: float = 0.0) -> ColumnTotals:
     """Totals of one column's slices. SM utilization: each slice's GPU mean over `window` (or the
     latest reading when the window has none / no window is given), averaged over the slices
-    that have one."""
+    that have one. Slices of missing GPUs are only counted in `missing`. nodes_down, all_down,
+    arriving_gpus, leaving_gpus: passed through (see ColumnTotals)."""
     util_sum, util_n = 0.0, 0
     means: dict[str, float | None] = {}
     gpus = 0.0
-    memory = busy = 0
+    memory = leased = missing = 0
     for v in views:
+        if v.missing:
+            missing += 1
+            continue
         uuid = v.gpu_uuid
         if uuid in means:
             u = means[uuid]
@@ -214,15 +244,41 @@ def column_totals(views: Sequence[SliceView], window: UtilWindow | None = None) 
         if v.memory_quota_bytes is not None:  # unknown quota: not counted (never a made-up 0)
             memory += v.memory_quota_bytes
         if v.lease_id is not None:
-            busy += 1
+            leased += 1
+    counted = len(views) - missing
     return ColumnTotals(
         slices=len(views),
         gpu_equivalents=gpus,
         memory_quota_bytes=memory,
-        busy=busy,
-        idle=len(views) - busy,
+        leased=leased,
+        free=counted - leased,
         mean_sm_util_pct=util_sum / util_n if util_n else None,
+        missing=missing,
+        nodes_down=nodes_down,
+        all_down=all_down,
+        arriving_gpus=arriving_gpus,
+        leaving_gpus=leaving_gpus,
     )
+
+
+def scheduled_flows(entries: Iterable[dict], now_s: float, horizon_s: float = 24 * 3600.0,
+                    fractions: dict[str, float] | None = None) -> dict[str, tuple[float, float]]:
+    """Department -> (GPU-equivalents arriving, leaving) by the planned schedule entries due in
+    [now_s, now_s + horizon_s] and the waiting ones (due, waiting for a lease to end) (entries as gpuctl.fleet.schedule.entries lists them: "at_s",
+    "from", "to", "slice_ids", "status"). A slice's size comes from `fractions` (slice id ->
+    fraction; the board's views), 1 GPU when unknown."""
+    flows: dict[str, list[float]] = {}
+    fractions = fractions or {}
+    for e in entries:
+        status, at = e.get("status"), e.get("at_s")
+        if status == "waiting":  # due already, waiting for a lease to end: still to come
+            pass
+        elif status != "planned" or not isinstance(at, (int, float)) or not now_s <= at <= now_s + horizon_s:
+            continue
+        gpus = sum(fractions.get(sid, 1.0) for sid in e.get("slice_ids") or ())
+        flows.setdefault(str(e.get("to")), [0.0, 0.0])[0] += gpus
+        flows.setdefault(str(e.get("from")), [0.0, 0.0])[1] += gpus
+    return {k: (v[0], v[1]) for k, v in flows.items()}
 
 
 def group_by_source(views: Iterable[SliceView], dst: str) -> dict[str, list[str]]:

@@ -24,7 +24,8 @@ from textual.widget import Widget
 from textual.widgets import Footer, Input, Label
 
 #: The commands the bar offers as completions (the app's run_command is the authority).
-COMMANDS = ("nodes", "depts", "leases", "node ", "theme ", "help", "quit", "q")
+COMMANDS = ("nodes", "depts", "leases", "schedule", "audit", "report", "history", "node ", "theme ", "help",
+            "quit", "q")
 
 
 class CommandBar(Horizontal):

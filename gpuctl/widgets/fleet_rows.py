@@ -88,7 +88,7 @@ _SLICES_NARROW = Column("slices", "slices (● leased)", 24, "slices")
 _USAGE = Column("usage", "lease use", 17, "usage")
 _LEASE = Column("lease", "lease", 12, "lease")
 _STATE = Column("state", "state", 9, "state")
-_NAME = Column("name", "GPU", 16, "name")
+_NAME = Column("name", "GPU", 24, "name")  # "RTX 6000 Ada Generation" (23) whole
 
 #: Widest first; the fleet screen uses the first that fits (the last one always).
 LAYOUTS: tuple[Layout, ...] = (
@@ -178,8 +178,8 @@ class FleetRow:
     node name, cells by cell name (every Column.cell of every layout), and the lower-case text
     the `/` filter searches (node, GPU name, state, departments, lease owners, UUID).
 
-    message: an error (GPU lost, node unreachable) written word-wrapped across the layout's
-    `message_columns` in `message_style`, instead of those columns' cells; None otherwise.
+    message: an error (GPU lost, node unreachable) written whole in one cell, the widest of the
+    layout's `message_columns` (the others blank), in `message_style`; None otherwise.
     """
 
     key: str
@@ -199,10 +199,13 @@ def layout_cells(row: FleetRow, layout: Layout) -> tuple[Text, ...]:
         return layout.cells_of(cells)
     wrapped = row._wrapped.get(layout.name)
     if wrapped is None:
+        # the whole message in one cell (the widest of its columns here, cut with "…" when it is
+        # longer), the other message columns blank: never split across columns
         cols = [c for c in layout.columns if c.key in row.message_columns]
-        parts = dict(zip((c.key for c in cols), wrap_into(row.message, [c.width for c in cols])))
+        target = max(cols, key=lambda c: c.width).key if cols else None
         wrapped = tuple(
-            styled((parts[c.key], row.message_style)) if c.key in parts else cells.get(c.cell, BLANK)
+            styled((row.message, row.message_style), ellipsis=True) if c.key == target
+            else BLANK if c.key in row.message_columns else cells.get(c.cell, BLANK)
             for c in layout.columns
         )
         row._wrapped[layout.name] = wrapped
@@ -210,8 +213,11 @@ def layout_cells(row: FleetRow, layout: Layout) -> tuple[Text, ...]:
 
 
 def gpu_state(gpu: model.GpuStatus) -> str:
-    """"error" (the GPU did not answer), "no sample" (none yet), "draining" (a reassignment waits
-    for a lease), "busy" (a slice is leased) or "idle"."""
+    """"missing" (the backend no longer reports it), "error" (the GPU did not answer), "no sample" (none yet), "draining" (a reassignment waits
+    for a lease), "leased" (a slice is leased) or "free" (none is; words of ownership,
+    never of load: SM utilization says that)."""
+    if gpu.missing:
+        return "missing"
     if gpu.sample is not None and gpu.sample.error:
         return "error"
     if gpu.sample is None:
@@ -219,8 +225,8 @@ def gpu_state(gpu: model.GpuStatus) -> str:
     if any(s.pending for s in gpu.slices):
         return "draining"
     if any(s.leased for s in gpu.slices):
-        return "busy"
-    return "idle"
+        return "leased"
+    return "free"
 
 
 def wrap_into(message: str, widths: Sequence[int]) -> list[str]:
@@ -322,10 +328,11 @@ def gpu_row(
     leases = [lease for lease in node.leases if any(sid in slice_ids for sid in lease.slice_ids)]
     owners = sorted({lease.owner for lease in leases})
     lease_text = owners[0] + (f" +{len(owners) - 1}" if len(owners) > 1 else "") if owners else ""
-    state_style = {"error": palette.error, "busy": palette.get("slice-busy"), "draining": palette.warning}
+    state_style = {"error": palette.error, "missing": palette.warning, "leased": palette.get("slice-busy"),
+                   "draining": palette.warning}
     cells: dict[str, Text] = {
         "node": styled((node.name, "bold" if first_of_node else palette.muted)),
-        "gpu": styled((str(gpu.identity.index), "")),
+        "gpu": styled(("—", palette.muted) if gpu.missing else (str(gpu.identity.index), "")),
         "slices": slices_cell(gpu.slices, palette),
         "usage": usage_cell(gpu.slices, palette),
         "name": styled((gpu.identity.name.removeprefix(_NAME_PREFIX), "")),
@@ -334,7 +341,7 @@ def gpu_row(
     }
     message = None
     if s is not None and s.error:
-        error_cell = styled(("error", f"bold {palette.error}"))
+        error_cell = styled(("missing" if gpu.missing else "error", f"bold {palette.error}"))
         cells["sm"] = cells["sm_compact"] = error_cell
         message = s.error
     else:

@@ -1,6 +1,7 @@
 """The one-line header shown on every gpuctl screen: view name, fleet totals, READ-ONLY badge.
 
 "gpuctl ▸ node sim-02 · nodes 4/4 up · 32 GPUs · SM 47% · research 8.5 · training 6 · …"
+(at 80 columns the GPU count and SM go before the departments do).
 
 Holds no clock (SVG snapshots stay deterministic). The screen that shows it calls
 :meth:`FleetHeader.show_totals` with each snapshot it renders (gpuctl.screens.base.GpuctlScreen
@@ -41,30 +42,54 @@ def totals_parts(
     snapshot: model.FleetSnapshot | None, departments: list[model.Department], palette: Palette
 ) -> list[TotalsPart]:
     """The header's figures in display order: "nodes 3/4 up" (rank 0, error color when a node is
-    down), "SM 47%" (1: mean SM utilization over GPUs with a reading, "N/A" when none has one),
-    "24 GPUs" (2: GPUs of reachable nodes), then each department's slices in GPU-equivalents
-    (model.department_totals) in config order (3, 4, ...), departments only the fleet knows after
-    them, unassigned last (least important). [] before the first snapshot."""
+    down), "24 GPUs", "SM 47%" (mean SM utilization over GPUs with a reading, "N/A" when none
+    has one), then each department's slices in GPU-equivalents (model.department_totals) in config
+    order, departments only the fleet knows after them, unassigned last. Ranks (dropped last
+    first): the node count, then the configured departments in config order, the others, then
+    unassigned, SM and the GPU count: at 80 columns the department totals stay.
+
+    Unknown is shown as unknown: with N nodes down every capacity figure says so ("24+? GPUs
+    (1 node down)", "research 8.5+?"); with every node down "GPUs unknown (4 nodes down)" and
+    "research ?" (never a made-up 0). GPUs missing from their node's backend are not counted
+    (model.GpuStatus.missing) and get a figure of their own: "1 GPU missing". [] before the first
+    snapshot."""
     if snapshot is None:
         return []
     up = sum(1 for n in snapshot.nodes if n.reachable)
     total = len(snapshot.nodes)
+    down = total - up
     utils = [
         g.sample.sm_util_pct
         for n in snapshot.nodes
         for g in n.gpus
-        if g.sample is not None and g.sample.sm_util_pct is not None and not g.sample.error
+        if not g.missing and g.sample is not None and g.sample.sm_util_pct is not None and not g.sample.error
     ]
-    parts = [
-        TotalsPart(f"nodes {up}/{total} up", "" if up == total else palette.error, 0),
-        TotalsPart(f"{snapshot.gpu_count()} GPUs", "", 2),
-        TotalsPart("SM " + (f"{sum(utils) / len(utils):.0f}%" if utils else "N/A"), "", 1),
-    ]
+    gpus = sum(1 for n in snapshot.nodes for g in n.gpus if not g.missing)
+    missing = sum(1 for n in snapshot.nodes for g in n.gpus if g.missing)
+    nodes_word = f"{down} node{'s' if down != 1 else ''} down"
+    if down and not up:
+        gpu_text = f"GPUs unknown ({nodes_word})"
+    elif down:
+        gpu_text = f"{gpus}+? GPUs ({nodes_word})"
+    else:
+        gpu_text = f"{gpus} GPUs"
     rows = model.department_totals(snapshot, [d.name for d in departments])
     if not rows[-1].slices:  # UNASSIGNED is shown only when it owns slices
         rows.pop()
+    n_dept = len(rows)
+    parts = [
+        TotalsPart(f"nodes {up}/{total} up", "" if up == total else palette.error, 0),
+        TotalsPart(gpu_text, palette.warning if down else "", n_dept + 2),
+        TotalsPart("SM " + (f"{sum(utils) / len(utils):.0f}%" if utils else "N/A"), "", n_dept + 1),
+    ]
+    if missing:
+        parts.append(TotalsPart(f"{missing} GPU{'s' if missing != 1 else ''} missing", palette.warning, 1))
     for i, row in enumerate(rows):
-        parts.append(TotalsPart(f"{row.name} {row.gpu_equivalents:g}", palette.department(row.name), 3 + i))
+        if down and not up:
+            figure = "?"
+        else:
+            figure = f"{row.gpu_equivalents:g}" + ("+?" if down else "")
+        parts.append(TotalsPart(f"{row.name} {figure}", palette.department(row.name), 1 + i))
     return parts
 
 

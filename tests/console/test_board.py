@@ -47,6 +47,15 @@ async def settle(app: GpuctlApp, pilot) -> None:
         await pilot.pause()
 
 
+async def wait_armed(app: GpuctlApp, pilot, timeout_s: float = 3.0) -> None:
+    """Wait until the move dialog on top accepts a confirmation (MoveConfirmScreen.armed)."""
+    for _ in range(int(timeout_s / 0.05)):
+        if getattr(app.screen, "armed", False):
+            return
+        await pilot.pause(0.05)
+    raise AssertionError(f"the dialog never armed: {app.screen!r}")
+
+
 async def open_board(app: GpuctlApp, pilot) -> BoardScreen:
     await settle(app, pilot)
     assert app.run_command("depts")
@@ -157,13 +166,13 @@ def test_column_totals_sum_fractions_memory_busy_idle_and_mean_util():
     views = [_view("a/0", "r", 0.5, gpu=0), _view("a/1", "r", 0.25, gpu=0, lease="l", owner="x@y"),
              dataclasses.replace(_view("b/0", "r", 1.0, gpu=1), sm_util_pct=90.0)]
     t = column_totals(views, w)
-    assert (t.slices, t.gpu_equivalents, t.busy, t.idle) == (3, 1.75, 1, 2)
+    assert (t.slices, t.gpu_equivalents, t.leased, t.free) == (3, 1.75, 1, 2)
     assert t.memory_quota_bytes == int(0.5 * 80 * fmt.GIB) + int(0.25 * 80 * fmt.GIB) + 80 * fmt.GIB
     # GPU 0: window mean 30 % (two slices); GPU 1: no window data, latest reading 90 %.
     assert t.mean_sm_util_pct == pytest.approx((30 + 30 + 90) / 3)
-    assert t.text() == "1.75 GPU · 140.0 GiB\n1 busy · 2 idle · SM 50%"
+    assert t.text() == "1.75 GPU · 140.0 GiB\n1 leased · 2 free · SM 50%\n"
     empty = column_totals([], w)
-    assert empty.text() == "0 GPU · 0 B\n0 busy · 0 idle · SM N/A"
+    assert empty.text() == "0 GPU · 0 B\n0 leased · 0 free · SM N/A\n"
 
 
 def test_slice_views_leave_out_unreachable_nodes_and_name_lease_owners():
@@ -240,7 +249,11 @@ def _expected_column_text(snapshot: model.FleetSnapshot, dept: str) -> str:
     busy = sum(1 for _, s in slices if s.lease_id)
     utils = [g.sample.sm_util_pct for g, _ in slices if g.sample.sm_util_pct is not None]
     sm = f"{sum(utils) / len(utils):.0f}%" if utils else "N/A"
-    return f"{gpus:g} GPU · {fmt.human_bytes(mem)}\n{busy} busy · {len(slices) - busy} idle · SM {sm}"
+    down = sum(1 for n in snapshot.nodes if not n.reachable)
+    ge = "≥" if down else ""
+    note = f"{down} node{'s' if down != 1 else ''} down" if down else ""
+    return (f"{ge}{gpus:g} GPU · {ge}{fmt.human_bytes(mem)}\n{busy} leased · {len(slices) - busy} free · SM {sm}"
+            f"\n{note}")
 
 
 async def test_board_has_a_column_per_department_and_unassigned_with_totals(source):
@@ -283,6 +296,7 @@ async def test_keyboard_path_moves_the_focused_slice(source):
         assert isinstance(app.screen, MoveConfirmScreen)
         assert app.screen.summary.startswith("Move 1 slice (")
         assert "from unassigned to training" in app.screen.summary
+        await wait_armed(app, pilot)
         await pilot.press("y")
         await settle(app, pilot)
         assert owners(source)[idle.id] == "training"
@@ -343,6 +357,7 @@ async def test_drag_of_a_leased_card_offers_drain_or_revoke(source):
         assert isinstance(dialog, MoveConfirmScreen)
         assert [b.id for b in dialog.query("Button")] == ["drain", "revoke", "cancel"]
         assert dialog.leased_owners == ["alice@ws12"]
+        await wait_armed(app, pilot)
         await pilot.press("d")
         await settle(app, pilot)
         snap_slice = next(s for s in find(source) if s.id == one.id)
@@ -353,6 +368,7 @@ async def test_drag_of_a_leased_card_offers_drain_or_revoke(source):
         other = next(s for s in leased if s.lease_id != one.lease_id)
         await drag(pilot, board, other.id, board.column("research"))
         assert isinstance(app.screen, MoveConfirmScreen)
+        await wait_armed(app, pilot)
         await pilot.click("#revoke")
         await settle(app, pilot)
         now = next(s for s in find(source) if s.id == other.id)
@@ -430,6 +446,7 @@ async def test_multi_select_then_drag_moves_both_slices(source):
         dialog = app.screen
         assert isinstance(dialog, MoveConfirmScreen)
         assert dialog.summary.startswith(f"Move 2 slices ({a.fraction + b.fraction:g} GPU) from inference to training")
+        await wait_armed(app, pilot)
         await pilot.click("#refuse")
         await settle(app, pilot)
         now = owners(source)
@@ -449,6 +466,7 @@ async def test_selection_from_two_departments_sends_one_request_each(source):
         await pilot.press("m")
         await pilot.press("down", "enter")  # research, training, inference, unassigned -> training
         assert "from research, inference to training" in app.screen.summary
+        await wait_armed(app, pilot)
         await pilot.press("y")
         await settle(app, pilot)
         now = owners(source)
@@ -516,6 +534,7 @@ async def test_a_failing_reassign_is_notified_and_nothing_moves(source):
     async with app.run_test(size=SIZE) as pilot:
         board = await open_board(app, pilot)
         await drag(pilot, board, idle.id, board.column("training"))
+        await wait_armed(app, pilot)
         await pilot.press("y")
         await settle(app, pilot)
         assert "move inference → training failed: --to: unknown department 'training' (known: research)" in app.flash_log
@@ -603,6 +622,7 @@ async def test_mouse_drag_moves_the_slice_on_the_daemon(daemon):
             await drag(pilot, board, sid, board.column("research"))
             assert isinstance(app.screen, MoveConfirmScreen)
             assert "from unassigned to research: n1 GPU" in app.screen.summary
+            await wait_armed(app, pilot)
             await pilot.press("y")
             await settle(app, pilot)
             with daemon.client() as http:
@@ -657,7 +677,7 @@ async def test_a_department_with_a_hex_color_is_drawn_in_it_and_others_keep_the_
             assert inference.styles.border_top[1] == Color.parse(variables["dept-6"])
             # A drag over the hex-colored column highlights it like any other, then restores it.
             idle = next(s for s in board.column_slice_ids("training") + board.column_slice_ids("inference")
-                        if "idle" in board.card_text(s))
+                        if "free" in board.card_text(s))
             await press_card(pilot, board, idle)
             await pilot.hover(research)
             assert research.has_class(DROP_TARGET_CLASS)
@@ -668,3 +688,84 @@ async def test_a_department_with_a_hex_color_is_drawn_in_it_and_others_keep_the_
             await pilot.mouse_up(research)
     finally:
         src.close()
+
+
+# -- issue 9: keys typed fast, dialogs seen before they confirm, read-only --------------------------
+
+
+async def test_a_fast_burst_of_right_arrows_moves_one_column_per_key(source):
+    from textual import events
+
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        board = await open_board(app, pilot)
+        order = [n for n in board._column_order if board.column_slice_ids(n)]
+        assert len(order) == 3
+        board.focus_slice(board.column_slice_ids(order[0])[0])
+        await pilot.pause()
+        for _ in range(2):  # queued together, as a terminal delivers a burst: no pause between
+            app.post_message(events.Key("right", None))
+        await pilot.pause(0.3)
+        assert board.focused.department == order[2]
+
+
+async def test_a_blind_confirmation_typed_before_the_dialog_was_drawn_never_moves(source):
+    from textual import events
+
+    app = make_app(source)
+    idle = find(source, department=model.UNASSIGNED, leased=False)[0]
+    before = owners(source)
+    async with app.run_test(size=SIZE) as pilot:
+        board = await open_board(app, pilot)
+        board.focus_slice(idle.id)
+        await pilot.pause()
+        board.propose_move([board._views[idle.id]], "training")
+        for key in ("enter", "y"):  # typed while the dialog is being built
+            app.post_message(events.Key(key, None))
+        await settle(app, pilot)
+        dialog = app.screen
+        assert isinstance(dialog, MoveConfirmScreen)  # still asking
+        assert dialog.unseen_keys_dropped >= 1
+        assert owners(source) == before and board.moving == {}
+        await wait_armed(app, pilot)
+        await pilot.press("y")
+        await settle(app, pilot)
+        assert owners(source)[idle.id] == "training"
+
+
+async def test_readonly_footer_offers_no_move_and_no_drag_hint(source):
+    from textual.widgets import Static
+
+    app = make_app(source, readonly=True)
+    async with app.run_test(size=SIZE) as pilot:
+        board = await open_board(app, pilot)
+        await pilot.pause()
+        shown = {a.binding.action for a in app.active_bindings.values() if a.binding.show and a.enabled}
+        assert "move" not in shown
+        status = str(board.query_one("#board-status", Static).render())
+        assert "drag" not in status and "press m" not in status
+        assert status == "read-only: slices cannot be moved"
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        board = await open_board(app, pilot)
+        await pilot.pause()
+        shown = {a.binding.action for a in app.active_bindings.values() if a.binding.show and a.enabled}
+        assert "move" in shown
+
+
+async def test_colon_bar_on_the_board_survives_a_poll_and_runs_the_command(source):
+    """In a live console a poll lands while the `:` bar is open: the board used to give the focus
+    back to a card column, the bar closed, and the typed letters reached the board (`l`, Enter)."""
+    from gpuctl.screens.leases import LeasesScreen
+
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        board = await open_board(app, pilot)
+        await pilot.press("colon")
+        await pilot.press("l", "e")
+        app.poll()
+        await settle(app, pilot)
+        assert board.command_bar.is_open and app.focused is board.command_bar.input
+        await pilot.press("a", "s", "e", "s", "enter")
+        await settle(app, pilot)
+        assert isinstance(app.screen, LeasesScreen)

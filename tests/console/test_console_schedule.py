@@ -124,3 +124,73 @@ async def test_audit_screen_lists_records_and_filters(node):
         assert table.row_count == 2
         assert all(table.get_row_at(i)[3] == "schedule add" for i in range(2))
         assert "2 of" in str(screen.query_one("#audit-status", Static).render())
+
+
+async def test_colon_schedule_and_audit_in_the_console_open_these_screens(node):
+    """`:schedule` and `:audit` typed in gpuctl's own console (its `:` bar), over the same
+    FleetClient the console polls (a LiveFleetSource)."""
+    import time
+
+    from gpuctl.fleet.source import LiveFleetSource
+    from gpuctl.screens.fleet import FleetScreen
+    from tests.support.console import make_app
+
+    d, schedule = node
+    schedule.add("+2h", "unassigned", "research", "1", time.time())
+    app = make_app(LiveFleetSource(schedule.fleet))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _settle(app, pilot)
+        await pilot.press("colon", *"schedule", "enter")
+        await _settle(app, pilot)
+        screen = app.screen
+        assert isinstance(screen, ScheduleScreen)
+        table = screen.query_one(DataTable)
+        assert table.row_count == 1
+        assert [str(c) for c in table.get_row_at(0)][3:5] == ["unassigned", "research"]
+        # `r` is the screen's reload there (not the app's refresh): a second entry shows up
+        schedule.add("+5h", "unassigned", "research", "1", time.time())
+        await pilot.press("r")
+        await _settle(app, pilot)
+        assert table.row_count == 2
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, FleetScreen)
+        await pilot.press("colon", *"audit", "enter")
+        await _settle(app, pilot)
+        assert isinstance(app.screen, AuditScreen)
+        audit = app.screen.query_one(DataTable)
+        actions = [str(audit.get_row_at(i)[3]) for i in range(audit.row_count)]
+        assert "schedule add" in actions
+        assert not app.run_command("schedules")  # a near miss is an unknown command
+        assert ":schedule" in app.flash_log[-1]
+
+
+async def test_board_shows_per_department_what_is_scheduled_in_the_next_24h(node):
+    """Entries due within 24 h show on the board as "24h: +N −M GPU" in the columns of the
+    departments they move slices to and from; an entry further away does not."""
+    import time
+
+    from gpuctl.fleet.source import LiveFleetSource
+    from gpuctl.screens.board import BoardScreen
+    from gpuctl.widgets.board_model import scheduled_flows
+    from tests.support.console import make_app
+
+    d, schedule = node
+    now = time.time()
+    schedule.add("+2h", "unassigned", "research", "1", now)
+    schedule.add("+3d", "unassigned", "research", "1", now)  # beyond 24 h: not counted
+    entries, _ = schedule.entries()
+    assert len(entries) == 2
+    assert scheduled_flows(entries, now) == {"research": (1.0, 0.0), "unassigned": (0.0, 1.0)}
+    app = make_app(LiveFleetSource(schedule.fleet))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _settle(app, pilot)
+        app.run_command("depts")
+        await _settle(app, pilot)
+        board = app.screen
+        assert isinstance(board, BoardScreen)
+        assert len(board.schedule_entries) == 2
+        research = str(board.column("research").query_one(".column-totals").render())
+        unassigned = str(board.column("unassigned").query_one(".column-totals").render())
+        assert research.splitlines()[-1] == "24h: +1 −0 GPU"
+        assert unassigned.splitlines()[-1] == "24h: +0 −1 GPU"

@@ -63,15 +63,15 @@ async def _open_help(pilot) -> None:
     assert isinstance(pilot.app.screen, HelpScreen)
 
 
-def _first_idle(board: BoardScreen, department: str) -> str:
+def _first_free(board: BoardScreen, department: str) -> str:
     return next(s for s in board.column_slice_ids(department)
-                if "idle" in board.card_text(s).splitlines()[1])
+                if "free" in board.card_text(s).splitlines()[1])
 
 
 async def _move_confirm(pilot) -> None:
-    """Keyboard: focus an idle unassigned card, m, pick "training": the confirm dialog."""
+    """Keyboard: focus a free unassigned card, m, pick "training": the confirm dialog."""
     board = await _board(pilot)
-    assert board.focus_slice(_first_idle(board, model.UNASSIGNED))
+    assert board.focus_slice(_first_free(board, model.UNASSIGNED))
     await pilot.press("m")
     assert isinstance(pilot.app.screen, DepartmentPickerScreen)
     await pilot.press("down", "enter")  # research, training, ...
@@ -81,7 +81,7 @@ async def _move_confirm(pilot) -> None:
 
 async def _move_picker(pilot) -> None:
     board = await _board(pilot)
-    assert board.focus_slice(_first_idle(board, model.UNASSIGNED))
+    assert board.focus_slice(_first_free(board, model.UNASSIGNED))
     await pilot.press("m")
     await pilot.pause()
     assert isinstance(pilot.app.screen, DepartmentPickerScreen)

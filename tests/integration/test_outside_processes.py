@@ -181,10 +181,10 @@ def test_board_card_marks_a_slice_whose_gpu_runs_outside_work():
     node, gpu = _gpu_with_outside()
     (view,) = slice_views(model.FleetSnapshot(nodes=[node]))
     assert view.outside_processes == 1
-    assert card_text(view) == "gpu-a GPU 3 ½ #0 ⚠1 outside\nSM  40% idle"
+    assert card_text(view) == "gpu-a GPU 3 ½ #0 ⚠1 outside\nSM  40% free"
     gpu.outside_processes = None  # unknown list: no mark (never a made-up count)
     (view,) = slice_views(model.FleetSnapshot(nodes=[node]))
-    assert card_text(view) == "gpu-a GPU 3 ½ #0\nSM  40% idle"
+    assert card_text(view) == "gpu-a GPU 3 ½ #0\nSM  40% free"
 
 
 def test_node_detail_lists_outside_processes():

@@ -1,0 +1,1 @@
+"""The console's own machinery below its screens: terminal input (terminal_input)."""

@@ -1,0 +1,112 @@
+"""The console in a real terminal (tmux, `gpuctl demo`): what a terminal sends that Pilot cannot
+(raw escape bytes with send-keys -H), and polls arriving while keys are typed (issue 9)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.tmux,
+              pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
+
+
+def _capture(session: str) -> str:
+    return _tmux("capture-pane", "-p", "-t", session)
+
+
+def _wait_for(session: str, predicate, timeout_s: float = 40.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    screen = ""
+    while time.monotonic() < deadline:
+        screen = _capture(session)
+        if predicate(screen):
+            return screen
+        time.sleep(0.3)
+    raise AssertionError(f"screen never matched; last screen:\n{screen}")
+
+
+def _keys(session: str, *keys: str, literal: bool = False, pause_s: float = 0.4) -> None:
+    _tmux("send-keys", "-t", session, *(["-l"] if literal else []), *keys)
+    time.sleep(pause_s)
+
+
+def _hex(session: str, data: bytes, pause_s: float = 0.4) -> None:
+    """Send raw bytes to the terminal's input, as a terminal would (send-keys -H)."""
+    _tmux("send-keys", "-t", session, "-H", *[f"{b:02x}" for b in data])
+    time.sleep(pause_s)
+
+
+@pytest.fixture
+def console(tmp_path):
+    """`gpuctl demo` at 120x40 in tmux; yields (session, file its exit status is written to)."""
+    name = f"gpuctl-test-{uuid.uuid4().hex[:8]}"
+    status = tmp_path / "status"
+    cmd = (f"cd {ROOT} && PYTHONPATH={ROOT} TERM=xterm-256color {sys.executable} -m gpuctl.cli demo --seed 3"
+           f" ; echo $? > {status}; sleep 60")
+    _tmux("new-session", "-d", "-s", name, "-x", "120", "-y", "40", cmd)
+    try:
+        _wait_for(name, lambda s: "sim-01" in s and "%" in s)
+        yield name, status
+    finally:
+        subprocess.run(["tmux", "send-keys", "-t", name, "q"], capture_output=True)
+        time.sleep(1.0)
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+
+
+def _quit(session: str, status: Path) -> int:
+    _keys(session, "Escape")
+    _keys(session, "q")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not status.exists():
+        time.sleep(0.2)
+    return int(status.read_text().strip())
+
+
+def test_colon_on_the_board_runs_the_command_while_polls_arrive(console):
+    session, status = console
+    _keys(session, "d")
+    _wait_for(session, lambda s: "departments" in s.splitlines()[0])
+    _keys(session, ":")
+    _keys(session, "nodes", literal=True, pause_s=2.5)  # polls (every second) arrive meanwhile
+    assert any(line.strip() == ":nodes" for line in _capture(session).splitlines())  # the bar kept it
+    _keys(session, "Enter")
+    screen = _wait_for(session, lambda s: "fleet" in s.splitlines()[0])
+    assert "node sim-" not in screen.splitlines()[0]  # Enter did not open a node on the board
+    assert _quit(session, status) == 0
+
+
+def test_malformed_mouse_reports_never_type_into_the_filter(console):
+    session, status = console
+    _keys(session, "/")
+    _hex(session, b"\x1b[<0;12;5X")        # a malformed SGR mouse report
+    _hex(session, b"\x1b[<35;1", pause_s=0.6)  # truncated, then nothing for longer than the escape delay
+    _keys(session, "sim-02", literal=True, pause_s=1.0)
+    screen = _capture(session)
+    # the filter line: what was typed and nothing else (a flash may cover its right side)
+    assert any(line.split("▌")[0].strip() == "sim-02" for line in screen.splitlines()), screen
+    assert "terminal input dropped" in screen
+    assert _quit(session, status) == 0
+
+
+def test_pixel_mouse_with_a_cell_size_of_0_does_not_end_the_console(console):
+    session, status = console
+    _hex(session, b"\x1b[48;40;120;0;0t")  # in-band resize: 40x120 cells, 0x0 pixels
+    _hex(session, b"\x1b[<0;300;200M", pause_s=1.0)  # a pixel mouse report
+    time.sleep(1.0)
+    assert not status.exists(), "the console ended"
+    _keys(session, "/")
+    _keys(session, "sim-03", literal=True, pause_s=1.0)
+    assert "sim-03" in _capture(session)
+    assert _quit(session, status) == 0
