@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from daemon_proc import REPO_ROOT, start_daemon
-from fleet_fixtures import run_cli, ssh_cli_args, ssh_node, write_fleet_config
+from fleet_fixtures import run_cli, ssh_cli_args, sshd_node, write_fleet_config
 from sshd import SshServer, sshd_available
 
 pytestmark = [pytest.mark.sshd,
@@ -21,7 +21,7 @@ def test_audit_over_ssh_shows_the_ssh_login_user(tmp_path):
     d = start_daemon(tmp_path, gpus=2, seed=41, name="alpha")
     try:
         with SshServer(session_env={"PYTHONPATH": str(REPO_ROOT)}) as sshd:
-            cfg = write_fleet_config(tmp_path / "fleet.toml", {"alpha": ssh_node(d.socket_path)}, {"research": 10})
+            cfg = write_fleet_config(tmp_path / "fleet.toml", {"alpha": sshd_node(d.socket_path)}, {"research": 10})
             ssh = ssh_cli_args(cfg, sshd)
             r = run_cli("reassign", "--from", "unassigned", "--to", "research", "--count", "1", "--yes",
                         "--request-id", "over-ssh", *ssh)

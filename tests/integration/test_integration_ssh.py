@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from daemon_proc import start_daemon
-from fleet_fixtures import daemon_slices, owners, run_cli, ssh_cli_args, ssh_node, write_fleet_config
+from fleet_fixtures import daemon_slices, owners, run_cli, ssh_cli_args, sshd_node, write_fleet_config
 from sshd import sshd_available
 
 pytestmark = [pytest.mark.sshd,
@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.sshd,
 def fleet(sshd, tmp_path):
     d1 = start_daemon(tmp_path, gpus=4, seed=21, name="alpha")
     d2 = start_daemon(tmp_path, gpus=4, seed=22, name="beta")
-    cfg = write_fleet_config(tmp_path / "fleet.toml", {"alpha": ssh_node(d1.socket_path), "beta": ssh_node(d2.socket_path)})
+    cfg = write_fleet_config(tmp_path / "fleet.toml",
+                             {"alpha": sshd_node(d1.socket_path), "beta": sshd_node(d2.socket_path)})
     ssh_args = ssh_cli_args(cfg, sshd)
     try:
         yield ssh_args, d1, d2

@@ -31,15 +31,35 @@ class CliResult:
         return json.loads(self.stdout)
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None,
-            timeout_s: float = 60.0) -> CliResult:
-    """Run `python -m gpuctl.cli ARGS` (no terminal: stdin is a pipe) and capture everything."""
+def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment with this checkout first on PYTHONPATH, then `env` over it."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
+    return full_env
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None,
+            timeout_s: float = 60.0) -> CliResult:
+    """Run `python -m gpuctl.cli ARGS` (no terminal: stdin is a pipe) and capture everything."""
     p = subprocess.run([sys.executable, "-m", "gpuctl.cli", *args], capture_output=True, text=True,
-                       input=stdin or "", env=full_env, timeout=timeout_s)
+                       input=stdin or "", env=cli_env(env), timeout=timeout_s)
     return CliResult(p.returncode, p.stdout, p.stderr, tuple(args))
+
+
+@contextmanager
+def cli_process(*args: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    """Start `python -m gpuctl.cli ARGS` (stdin /dev/null, stdout and stderr text pipes) and yield
+    it running, for tests that read its output or signal it; killed and reaped on exit if it is
+    still running."""
+    p = subprocess.Popen([sys.executable, "-m", "gpuctl.cli", *args], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(env))
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def json_error_or_nothing(r: CliResult) -> dict | None:
@@ -95,7 +115,7 @@ def local_node(socket_path: str | Path, **fields: object) -> dict[str, object]:
     return {"transport": "local", "socket": str(socket_path), **fields}
 
 
-def ssh_node(socket_path: str | Path, **fields: object) -> dict[str, object]:
+def sshd_node(socket_path: str | Path, **fields: object) -> dict[str, object]:
     """A node reached through the test sshd (host ``test-sshd``), its gpuctld run by this Python."""
     return {"host": "test-sshd", "socket": str(socket_path), "gpuctld": f"{sys.executable} -m gpuctl.daemon",
             "timeout_s": 8, **fields}
