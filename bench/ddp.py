@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import platform
-import signal
 import socket
 import statistics
 import subprocess
@@ -44,6 +43,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO / "bench") not in sys.path:  # bench/_gpuctld.py, also when loaded by file path
+    sys.path.insert(0, str(REPO / "bench"))
+
+from _gpuctld import LocalGpuctld  # noqa: E402
+
 DEPT = "bench"
 
 
@@ -117,38 +121,16 @@ def worker(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------- the driver
 
 
-class Node:
-    """A gpuctld of our own on this machine, and the fleet config that reaches it."""
+class Node(LocalGpuctld):
+    """A gpuctld of our own on this machine (`gpus` simulated GPUs on the simulated backend), and
+    the fleet config that reaches it."""
 
     def __init__(self, tmp: Path, backend: str, gpus: int):
-        self.tmp = tmp
-        self.socket = tmp / "gpuctld.sock"
-        self.config = tmp / "fleet.toml"
-        self.config.write_text(f'[[node]]\nname = "gpu-node"\ntransport = "local"\nsocket = "{self.socket}"\n')
-        self.env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-        self.log = open(tmp / "gpuctld.log", "w+b")
-        extra = ["--gpus", str(gpus)] if backend == "simulated" else []
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuctl.daemon", "serve", "--backend", backend, "--state-dir", str(tmp / "state"),
-             "--socket", str(self.socket), "--interval", "1", *extra],
-            stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=tmp)
-        deadline = time.monotonic() + 60
-        while not self.socket.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"gpuctld did not start:\n{self.log_text()}")
-            time.sleep(0.1)
-
-    def log_text(self) -> str:
-        if not self.log.closed:
-            self.log.flush()
-        return (self.tmp / "gpuctld.log").read_text(errors="replace")
+        super().__init__(tmp, backend, ["--gpus", str(gpus)] if backend == "simulated" else [])
 
     def give_all(self) -> list[str]:
         """Give every whole GPU of the node to DEPT; returns the GPU UUIDs."""
-        import httpx
-
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket)), base_url="http://gpuctld",
-                          timeout=30) as c:
+        with self.client() as c:
             st = c.get("/v1/status").json()
             slices = c.get("/v1/slices").json()["slices"]
             moves = [{"slice_id": s["id"], "from": s["department"], "to": DEPT} for s in slices
@@ -163,15 +145,6 @@ class Node:
     def gpuctl(self, *argv: str, timeout_s: float = 900) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "gpuctl.cli", "--config", str(self.config), *argv],
                               capture_output=True, text=True, env=self.env, timeout=timeout_s)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
 
 
 def _free_port() -> int:

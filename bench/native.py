@@ -37,6 +37,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO / "bench") not in sys.path:  # bench/_gpuctld.py, also when loaded by file path
+    sys.path.insert(0, str(REPO / "bench"))
+
+from _gpuctld import LocalGpuctld  # noqa: E402
+
 GiB = 1 << 30
 
 
@@ -124,46 +129,22 @@ def client_fake(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------------------- driver
 
 
-class Node:
-    """A gpuctld of our own on this machine, and the fleet config that reaches it."""
+class Node(LocalGpuctld):
+    """A gpuctld of our own on this machine (MPS auto), and the fleet config that reaches it; the
+    bench's GPU is the one at `gpu_index`."""
 
     def __init__(self, tmp: Path, gpu_index: int, backend: str = "nvml"):
+        super().__init__(tmp, backend, ["--mps", "auto"])
         self.backend = backend
-        self.tmp = tmp
-        self.socket = tmp / "gpuctld.sock"
-        self.config = tmp / "fleet.toml"
-        self.config.write_text(f'[[node]]\nname = "gpu-node"\ntransport = "local"\nsocket = "{self.socket}"\n')
-        self.env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-        self.log = open(tmp / "gpuctld.log", "w+b")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuctl.daemon", "serve", "--backend", backend, "--mps", "auto",
-             "--state-dir", str(tmp / "state"), "--socket", str(self.socket), "--interval", "1"],
-            stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=tmp)
-        deadline = time.monotonic() + 60
-        while not self.socket.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"gpuctld did not start:\n{self.log_text()}")
-            time.sleep(0.1)
         self.gpu_uuid = self._status()["gpus"][gpu_index]["identity"]["uuid"]
 
-    def log_text(self) -> str:
-        if not self.log.closed:
-            self.log.flush()
-        return (self.tmp / "gpuctld.log").read_text(errors="replace")
-
-    def _client(self):
-        import httpx
-
-        return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket)), base_url="http://gpuctld",
-                            timeout=30)
-
     def _status(self) -> dict[str, Any]:
-        with self._client() as c:
+        with self.client() as c:
             return c.get("/v1/status").json()
 
     def give(self, dept: str, parts: int) -> None:
         """Split our GPU into `parts` slices and give them all to `dept` (none may be leased)."""
-        with self._client() as c:
+        with self.client() as c:
             st = c.get("/v1/status").json()
             gen = st["generation"]
             r = c.post("/v1/split", json={"request_id": f"split-{parts}-{time.time()}", "generation": gen,
@@ -187,15 +168,6 @@ class Node:
             [sys.executable, "-m", "gpuctl.cli", "--config", str(self.config), "run", "--native", "--dept", "bench",
              "--gpus", f"{fraction:g}", "--ttl", "60", "--", sys.executable, str(Path(__file__).resolve()),
              *client_args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
 
 
 def _last_json(text: str) -> dict[str, Any] | None:

@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 
+from gpuctl.arg_types import seconds_arg
 from gpuctl.cli.context import load_config, open_fleet, require_terminal
 from gpuctl.cli.errors import UsageError
 from gpuctl.cli.registry import Verb
@@ -68,14 +69,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         fleet.close()
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= value <= 86400:
-        raise argparse.ArgumentTypeError(f"must be 0..86400 seconds, got {text}")
-    return value
+_seconds = seconds_arg(0, 86400)
 
 
 def _demo_arguments(p: argparse.ArgumentParser) -> None:

@@ -36,6 +36,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from gpuctl.arg_types import seconds_arg
 from gpuctl.cli.context import check_node, load_config, open_fleet
 from gpuctl.cli.errors import CliError, UsageError
 from gpuctl.cli.output import emit_json, err, fmt_bytes, print_table
@@ -54,14 +55,7 @@ CHILD_GRACE_S = 10.0
 # --------------------------------------------------------------------------- parser
 
 
-def _ttl(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 1 <= value <= 86400:
-        raise argparse.ArgumentTypeError(f"must be 1..86400 seconds, got {text}")
-    return value
+_ttl = seconds_arg(1, 86400)
 
 
 def _amount_args(p: argparse.ArgumentParser, ttl_default: float) -> None:

@@ -20,6 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
+from gpuctl.arg_types import seconds_arg
 from gpuctl.daemon import paths
 from gpuctl.exit_codes import ExitCode
 
@@ -52,14 +53,7 @@ def default_socket_path() -> Path:
     return Path(paths.default_socket_path())
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(f"must be > 0 and <= 3600 seconds, got {text}")
-    return value
+_positive_float = seconds_arg(0, 3600, low_exclusive=True)
 
 
 def _gpu_count(text: str) -> int:

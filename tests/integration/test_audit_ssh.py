@@ -6,38 +6,23 @@ from __future__ import annotations
 import getpass
 import os
 import socket
-import sys
 
 import pytest
 
 from daemon_proc import REPO_ROOT, start_daemon
-from fleet_fixtures import run_cli
+from fleet_fixtures import run_cli, ssh_cli_args, sshd_node, write_fleet_config
 from sshd import SshServer, sshd_available
 
 pytestmark = [pytest.mark.sshd,
               pytest.mark.skipif(not sshd_available(), reason="needs /usr/sbin/sshd and ssh-keygen")]
-
-CONFIG = """
-[[department]]
-name = "research"
-priority = 10
-
-[[node]]
-name = "alpha"
-host = "test-sshd"
-socket = "{s1}"
-gpuctld = "{gpuctld}"
-timeout_s = 8
-"""
 
 
 def test_audit_over_ssh_shows_the_ssh_login_user(tmp_path):
     d = start_daemon(tmp_path, gpus=2, seed=41, name="alpha")
     try:
         with SshServer(session_env={"PYTHONPATH": str(REPO_ROOT)}) as sshd:
-            cfg = tmp_path / "fleet.toml"
-            cfg.write_text(CONFIG.format(s1=d.socket_path, gpuctld=f"{sys.executable} -m gpuctl.daemon"))
-            ssh = ("--config", str(cfg), "--ssh-config", str(sshd.ssh_config), "--known-hosts", str(sshd.known_hosts))
+            cfg = write_fleet_config(tmp_path / "fleet.toml", {"alpha": sshd_node(d.socket_path)}, {"research": 10})
+            ssh = ssh_cli_args(cfg, sshd)
             r = run_cli("reassign", "--from", "unassigned", "--to", "research", "--count", "1", "--yes",
                         "--request-id", "over-ssh", *ssh)
             assert r.code == 0, r.stderr

@@ -7,42 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from daemon_proc import start_daemon
 from gpuctl.backends.simulated import MEMORY_TOTAL_BYTES
-from fleet_fixtures import daemon_slices, json_error_or_nothing, owners, run_cli
-
-CONFIG = """
-[[department]]
-name = "research"
-priority = 10
-
-[[department]]
-name = "training"
-priority = 20
-
-[[node]]
-name = "n1"
-transport = "local"
-socket = "{s1}"
-
-[[node]]
-name = "n2"
-transport = "local"
-socket = "{s2}"
-"""
+from fleet_fixtures import daemon_slices, json_error_or_nothing, local_fleet, owners, run_cli
 
 
 @pytest.fixture
 def fleet(tmp_path):
-    d1 = start_daemon(tmp_path, gpus=4, seed=11, name="n1")
-    d2 = start_daemon(tmp_path, gpus=4, seed=12, name="n2")
-    cfg = tmp_path / "fleet.toml"
-    cfg.write_text(CONFIG.format(s1=d1.socket_path, s2=d2.socket_path))
-    try:
+    with local_fleet(tmp_path, {"n1": 11, "n2": 12}, gpus=4) as (cfg, (d1, d2)):
         yield cfg, d1, d2
-    finally:
-        d1.stop()
-        d2.stop()
 
 
 def test_status_json_shape_and_values(fleet):

@@ -7,51 +7,23 @@ state (read directly from their sockets, not through gpuctl).
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from daemon_proc import start_daemon
-from fleet_fixtures import daemon_slices, owners, run_cli
+from fleet_fixtures import daemon_slices, owners, run_cli, ssh_cli_args, sshd_node, write_fleet_config
 from sshd import sshd_available
 
 pytestmark = [pytest.mark.sshd,
               pytest.mark.skipif(not sshd_available(), reason="needs /usr/sbin/sshd and ssh-keygen")]
-
-CONFIG = """
-[[department]]
-name = "research"
-priority = 10
-
-[[department]]
-name = "training"
-priority = 20
-
-[[node]]
-name = "alpha"
-host = "test-sshd"
-socket = "{s1}"
-gpuctld = "{gpuctld}"
-timeout_s = 8
-
-[[node]]
-name = "beta"
-host = "test-sshd"
-socket = "{s2}"
-gpuctld = "{gpuctld}"
-timeout_s = 8
-"""
 
 
 @pytest.fixture
 def fleet(sshd, tmp_path):
     d1 = start_daemon(tmp_path, gpus=4, seed=21, name="alpha")
     d2 = start_daemon(tmp_path, gpus=4, seed=22, name="beta")
-    cfg = tmp_path / "fleet.toml"
-    cfg.write_text(CONFIG.format(s1=d1.socket_path, s2=d2.socket_path,
-                                 gpuctld=f"{sys.executable} -m gpuctl.daemon"))
-    ssh_args = ("--config", str(cfg), "--ssh-config", str(sshd.ssh_config),
-                "--known-hosts", str(sshd.known_hosts))
+    cfg = write_fleet_config(tmp_path / "fleet.toml",
+                             {"alpha": sshd_node(d1.socket_path), "beta": sshd_node(d2.socket_path)})
+    ssh_args = ssh_cli_args(cfg, sshd)
     try:
         yield ssh_args, d1, d2
     finally:

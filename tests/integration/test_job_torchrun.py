@@ -8,10 +8,8 @@ the job with both leases freed, Ctrl-C ending every rank, and the multi-GPU leas
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -20,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from daemon_proc import REPO_ROOT, start_daemon, uds_client
-from fleet_fixtures import daemon_slices, run_cli
+from fleet_fixtures import (cli_process, daemon_slices, local_node, run_cli, ssh_cli_args, sshd_node,
+                            write_fleet_config)
+from waiting import gone, wait_for
 
 torch = pytest.importorskip("torch", reason="the torchrun job tests need torch (CI installs torch==2.13.0)")
 
@@ -70,16 +70,12 @@ def fleet(tmp_path_factory):
     try:
         g1, g2 = _give_gpu0(d1.socket_path), _give_gpu0(d2.socket_path)
         with SshServer(session_env={"PYTHONPATH": str(REPO_ROOT)}) as sshd:
-            cfg = tmp / "fleet.toml"
-            cfg.write_text(
-                f'[[node]]\nname = "n1"\ntransport = "local"\nsocket = "{d1.socket_path}"\n\n'
-                f'[[node]]\nname = "n2"\nhost = "test-sshd"\nsocket = "{d2.socket_path}"\n'
-                f'gpuctld = "{sys.executable} -m gpuctl.daemon"\ntimeout_s = 8\n')
+            cfg = write_fleet_config(tmp / "fleet.toml", {"n1": local_node(d1.socket_path),
+                                                           "n2": sshd_node(d2.socket_path)}, departments={})
             script = tmp / "allreduce.py"
             script.write_text(ALLREDUCE)
             yield {"daemons": (d1, d2), "gpus": (g1, g2), "script": str(script),
-                   "args": ["--config", str(cfg), "--ssh-config", str(sshd.ssh_config),
-                            "--known-hosts", str(sshd.known_hosts)]}
+                   "args": list(ssh_cli_args(cfg, sshd))}
     finally:
         d1.stop()
         d2.stop()
@@ -107,23 +103,6 @@ def args(fleet):
 
 def torchrun(fleet, *extra: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", fleet["script"], *extra]
-
-
-def gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
-def wait_for(pred, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return pred()
 
 
 RANK_LINE = re.compile(r"^\[(n[12])\] rank (\d)/(\d) pid (\d+) sum (\S+) node_rank (\d) gpus (\S+)$", re.M)
@@ -182,12 +161,9 @@ def test_a_crashing_rank_ends_the_job_and_frees_both_leases(fleet, args):
 
 
 def test_ctrl_c_ends_every_rank(fleet, args):
-    p = subprocess.Popen([sys.executable, "-m", "gpuctl.cli", *args, "run", "--native", "--dept", "research",
-                          "--gpus", "2", "--grace", "3", "--", *torchrun(fleet, "hang")],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
     pids: list[int] = []
-    try:
+    with cli_process(*args, "run", "--native", "--dept", "research", "--gpus", "2", "--grace", "3", "--",
+                     *torchrun(fleet, "hang")) as p:
         for _ in range(2):
             m = RANK_LINE.match(p.stdout.readline().strip())
             assert m, "a rank did not report"
@@ -195,10 +171,6 @@ def test_ctrl_c_ends_every_rank(fleet, args):
         assert [len(x) for x in leases(fleet)] == [1, 1]
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
     assert p.returncode != 0, err
     assert all(wait_for(lambda pid=pid: gone(pid), 10) for pid in pids)
     assert leases(fleet) == [[], []]

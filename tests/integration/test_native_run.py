@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 
 from daemon_proc import REPO_ROOT, start_daemon, uds_client
-from fleet_fixtures import daemon_slices, run_cli
+from fleet_fixtures import (cli_process, daemon_slices, local_node, run_cli, ssh_cli_args, sshd_node,
+                            write_fleet_config)
 from gpuctl.backends.simulated import MEMORY_TOTAL_BYTES
 from gpuctl.daemon.native import NativeHandle, ProcessRefused
 from gpuctl.fleet.native_run import remote_command
+from waiting import gone, wait_for
 
 ENV_SCRIPT = ("import json, os, sys; print(json.dumps({k: v for k, v in os.environ.items() "
               "if k.startswith(('CUDA', 'GPUCTL'))}, sort_keys=True)); print('to stderr', file=sys.stderr); "
@@ -50,8 +52,7 @@ def node(tmp_path_factory):
     d = start_daemon(tmp, gpus=2, seed=3, name="n1", extra_args=["--native-grace", "1"])
     try:
         gpus = _setup(d.socket_path)
-        cfg = tmp / "fleet.toml"
-        cfg.write_text(f'[[node]]\nname = "n1"\ntransport = "local"\nsocket = "{d.socket_path}"\n')
+        cfg = write_fleet_config(tmp / "fleet.toml", {"n1": local_node(d.socket_path)}, departments={})
         yield {"daemon": d, "cfg": str(cfg), **gpus}
     finally:
         d.stop()
@@ -71,30 +72,6 @@ def cfg(node):
 def leases(node) -> list[dict]:
     with uds_client(node["daemon"].socket_path) as c:
         return c.get("/v1/leases").json()["leases"]
-
-
-def gpuctl(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    full = dict(os.environ, PYTHONPATH=str(REPO_ROOT), **(env or {}))
-    return subprocess.Popen([sys.executable, "-m", "gpuctl.cli", *args], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full)
-
-
-def gone(pid: int) -> bool:
-    """True when `pid` has ended (no such process, or a zombie nobody has reaped yet)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
-def wait_for(pred, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return pred()
 
 
 # ---------------------------------------------------------------------------- environment
@@ -171,9 +148,8 @@ HANDLER = textwrap.dedent("""
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_native_records_pid_and_forwards_signals(node, cfg, sig):
-    p = gpuctl("--config", cfg, "run", "--native", "--dept", "research", "--gpus", "0.25", "--",
-               sys.executable, "-c", HANDLER)
-    try:
+    with cli_process("--config", cfg, "run", "--native", "--dept", "research", "--gpus", "0.25", "--",
+                     sys.executable, "-c", HANDLER) as p:
         word, pid = p.stdout.readline().split()
         assert word == "ready"
         (lease,) = leases(node)
@@ -181,10 +157,6 @@ def test_native_records_pid_and_forwards_signals(node, cfg, sig):
         assert lease["attach_kind"] == "native" and lease["endpoint"] is None and lease["worker_pid"] is None
         p.send_signal(sig)
         out, err = p.communicate(timeout=20)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
     assert p.returncode == 42, err
     assert out.strip() == f"got {sig.name}" and "released lease" in err
 
@@ -219,20 +191,17 @@ def test_revoked_run_ends_cmd_and_exits_8(node, cfg, native):
     the node's reason, and exits 8 (LEASE_REVOKED)."""
     script = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
               "print('ready', os.getpid(), flush=True); time.sleep(60)")
-    p = gpuctl("--config", cfg, "run", *(["--native"] if native else []), "--dept", "research", "--gpus", "0.25",
-               "--ttl", "4", "--grace", "1", "--", sys.executable, "-c", script)
     sids: list[str] = []
     try:
-        word, pid = p.stdout.readline().split()
-        assert word == "ready"
-        if native:
-            assert wait_for(lambda: leases(node)[0]["pids"] == [int(pid)], 5)
-        sids = _revoke(node)
-        out, err = p.communicate(timeout=30)
+        with cli_process("--config", cfg, "run", *(["--native"] if native else []), "--dept", "research",
+                         "--gpus", "0.25", "--ttl", "4", "--grace", "1", "--", sys.executable, "-c", script) as p:
+            word, pid = p.stdout.readline().split()
+            assert word == "ready"
+            if native:
+                assert wait_for(lambda: leases(node)[0]["pids"] == [int(pid)], 5)
+            sids = _revoke(node)
+            out, err = p.communicate(timeout=30)
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
         if sids:
             _give_back(node, sids)
     assert p.returncode == 8, err
@@ -247,20 +216,17 @@ def test_revoked_native_run_says_so_even_when_the_node_ended_cmd_first(node, cfg
     heartbeat; gpuctl still finds out why and exits 8."""
     script = ("import os, signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); "
               "print('ready', os.getpid(), flush=True); time.sleep(60)")
-    p = gpuctl("--config", cfg, "run", "--native", "--dept", "research", "--gpus", "0.25", "--",
-               sys.executable, "-c", script)
     sids: list[str] = []
     try:
-        word, pid = p.stdout.readline().split()
-        assert wait_for(lambda: leases(node) and leases(node)[0]["pids"] == [int(pid)], 5)
-        t0 = time.monotonic()
-        sids = _revoke(node)
-        out, err = p.communicate(timeout=30)
-        assert time.monotonic() - t0 < 8  # not at the next heartbeat
+        with cli_process("--config", cfg, "run", "--native", "--dept", "research", "--gpus", "0.25", "--",
+                         sys.executable, "-c", script) as p:
+            word, pid = p.stdout.readline().split()
+            assert wait_for(lambda: leases(node) and leases(node)[0]["pids"] == [int(pid)], 5)
+            t0 = time.monotonic()
+            sids = _revoke(node)
+            out, err = p.communicate(timeout=30)
+            assert time.monotonic() - t0 < 8  # not at the next heartbeat
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
         if sids:
             _give_back(node, sids)
     assert p.returncode == 8, err
@@ -271,19 +237,16 @@ def test_native_cmd_ended_by_the_node_when_gpuctl_is_killed(node, cfg):
     """gpuctl killed -9: nobody heartbeats, the lease expires at its ttl and the node ends CMD (SIGTERM)."""
     script = ("import os, signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); "
               "print('ready', os.getpid(), flush=True); time.sleep(60)")
-    p = gpuctl("--config", cfg, "run", "--native", "--dept", "research", "--gpus", "0.25", "--ttl", "2", "--",
-               sys.executable, "-c", script)
     try:
-        word, pid = p.stdout.readline().split()
-        assert wait_for(lambda: leases(node) and leases(node)[0]["pids"] == [int(pid)], 5)
-        p.kill()
-        p.wait()
-        assert wait_for(lambda: leases(node) == [], 10)
-        assert wait_for(lambda: gone(int(pid)), 5)
-    finally:
-        if p.poll() is None:
+        with cli_process("--config", cfg, "run", "--native", "--dept", "research", "--gpus", "0.25", "--ttl", "2", "--",
+                         sys.executable, "-c", script) as p:
+            word, pid = p.stdout.readline().split()
+            assert wait_for(lambda: leases(node) and leases(node)[0]["pids"] == [int(pid)], 5)
             p.kill()
             p.wait()
+            assert wait_for(lambda: leases(node) == [], 10)
+            assert wait_for(lambda: gone(int(pid)), 5)
+    finally:
         if not gone(int(pid)):
             os.kill(int(pid), signal.SIGKILL)
 
@@ -381,10 +344,9 @@ def ssh_node(node, tmp_path_factory):
     if not sshd_available():
         pytest.skip("needs /usr/sbin/sshd and ssh-keygen")
     with SshServer(session_env={"PYTHONPATH": str(REPO_ROOT)}) as sshd:
-        cfg = tmp_path_factory.mktemp("ssh") / "fleet.toml"
-        cfg.write_text(f'[[node]]\nname = "n1"\nhost = "test-sshd"\nsocket = "{node["daemon"].socket_path}"\n'
-                       f'gpuctld = "{sys.executable} -m gpuctl.daemon"\ntimeout_s = 8\n')
-        yield ["--config", str(cfg), "--ssh-config", str(sshd.ssh_config), "--known-hosts", str(sshd.known_hosts)]
+        cfg = write_fleet_config(tmp_path_factory.mktemp("ssh") / "fleet.toml",
+                                 {"n1": sshd_node(node["daemon"].socket_path)}, departments={})
+        yield list(ssh_cli_args(cfg, sshd))
 
 
 @pytest.mark.sshd
@@ -417,18 +379,13 @@ KEYBOARD = textwrap.dedent("""
 @pytest.mark.sshd
 def test_native_over_ssh_ctrl_c_reaches_a_plain_python_program(node, cfg, ssh_node):
     """A forwarded SIGINT must not be lost to a shell that ignores it for background jobs."""
-    p = gpuctl(*ssh_node, "run", "--native", "--dept", "research", "--gpus", "0.25", "--",
-               sys.executable, "-c", KEYBOARD)
-    try:
+    with cli_process(*ssh_node, "run", "--native", "--dept", "research", "--gpus", "0.25", "--",
+                     sys.executable, "-c", KEYBOARD) as p:
         word, pid = p.stdout.readline().split()
         assert word == "ready"
         assert wait_for(lambda: leases(node) and leases(node)[0]["pids"] == [int(pid)], 10), leases(node)
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=30)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
     assert p.returncode == 42, err
     assert out.strip() == "KeyboardInterrupt" and "released lease" in err
 
@@ -443,9 +400,8 @@ def test_native_over_ssh_status_of_a_program_killed_by_a_signal(node, cfg, ssh_n
 
 @pytest.mark.sshd
 def test_native_over_ssh_forwards_sigterm_and_records_remote_pid(node, cfg, ssh_node):
-    p = gpuctl(*ssh_node, "run", "--native", "--dept", "research", "--gpus", "0.25", "--",
-               sys.executable, "-c", HANDLER)
-    try:
+    with cli_process(*ssh_node, "run", "--native", "--dept", "research", "--gpus", "0.25", "--",
+                     sys.executable, "-c", HANDLER) as p:
         word, pid = p.stdout.readline().split()
         assert word == "ready"
         assert wait_for(lambda: leases(node) and leases(node)[0]["pids"] == [int(pid)], 10), leases(node)
@@ -453,10 +409,6 @@ def test_native_over_ssh_forwards_sigterm_and_records_remote_pid(node, cfg, ssh_
             assert b"on_term" in f.read()  # the recorded pid is CMD itself, not a shell around it
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=30)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
     assert p.returncode == 42, err
     assert out.strip() == "got SIGTERM" and "released lease" in err
 
@@ -516,19 +468,13 @@ def test_native_cmd_ended_when_gpuctld_restart_ended_its_lease(tmp_path):
     d = start_daemon(tmp_path, gpus=2, seed=4)
     try:
         _setup(d.socket_path)
-        cfg = tmp_path / "fleet.toml"
-        cfg.write_text(f'[[node]]\nname = "n1"\ntransport = "local"\nsocket = "{d.socket_path}"\n')
-        p = gpuctl("--config", str(cfg), "run", "--native", "--dept", "research", "--gpus", "0.25", "--ttl", "3",
-                   "--", sys.executable, "-c", HANDLER)
-        try:
+        cfg = write_fleet_config(tmp_path / "fleet.toml", {"n1": local_node(d.socket_path)}, departments={})
+        with cli_process("--config", str(cfg), "run", "--native", "--dept", "research", "--gpus", "0.25", "--ttl", "3",
+                         "--", sys.executable, "-c", HANDLER) as p:
             assert p.stdout.readline().split()[0] == "ready"
             d.kill9()
             d.restart()
             out, err = p.communicate(timeout=30)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
         assert p.returncode == 42, err
         assert out.strip() == "got SIGTERM"
         assert "ended at start-up" in d.stderr_text() or "ended: " in err

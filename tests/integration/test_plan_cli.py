@@ -8,28 +8,8 @@ import time
 
 import pytest
 
-from daemon_proc import start_daemon, uds_client
-from fleet_fixtures import run_cli
-
-CONFIG = """
-[[department]]
-name = "research"
-priority = 10
-
-[[department]]
-name = "inference"
-priority = 30
-
-[[node]]
-name = "n1"
-transport = "local"
-socket = "{s1}"
-
-[[node]]
-name = "n2"
-transport = "local"
-socket = "{s2}"
-"""
+from daemon_proc import uds_client
+from fleet_fixtures import local_fleet, run_cli
 
 
 def _iso(t: float) -> str:
@@ -38,15 +18,8 @@ def _iso(t: float) -> str:
 
 @pytest.fixture
 def fleet(tmp_path):
-    d1 = start_daemon(tmp_path, gpus=2, seed=51, name="n1")
-    d2 = start_daemon(tmp_path, gpus=2, seed=52, name="n2")
-    cfg = tmp_path / "fleet.toml"
-    cfg.write_text(CONFIG.format(s1=d1.socket_path, s2=d2.socket_path))
-    try:
+    with local_fleet(tmp_path, {"n1": 51, "n2": 52}, departments={"research": 10, "inference": 30}) as (cfg, (d1, d2)):
         yield cfg, d1, d2
-    finally:
-        d1.stop()
-        d2.stop()
 
 
 def _plan(tmp_path, gpus_b: int = 1):

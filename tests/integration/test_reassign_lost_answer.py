@@ -16,32 +16,9 @@ import time
 import pytest
 
 from daemon_proc import start_daemon, uds_client
-from fleet_fixtures import owners, run_cli
+from fleet_fixtures import local_node, owners, run_cli, write_fleet_config
 from lossy_proxy import LossyProxy, short_socket_dir
 
-CONFIG = """
-[[department]]
-name = "research"
-
-[[department]]
-name = "training"
-
-[[node]]
-name = "n1"
-transport = "local"
-socket = "{s1}"
-
-[[node]]
-name = "n2"
-transport = "local"
-socket = "{s2}"
-
-[[node]]
-name = "n3"
-transport = "local"
-socket = "{s3}"
-timeout_s = {t3}
-"""
 
 #: n3's timeout_s: the client gives up on it after this (+1 s), its requests' deadline is this
 N3_TIMEOUT_S = 1.5
@@ -65,8 +42,9 @@ def fleet(tmp_path):
     give(d[0].socket_path, 1)
     give(d[1].socket_path, 1)
     give(d[2].socket_path, 2)
-    cfg = tmp_path / "fleet.toml"
-    cfg.write_text(CONFIG.format(s1=d[0].socket_path, s2=d[1].socket_path, s3=proxy.socket_path, t3=N3_TIMEOUT_S))
+    cfg = write_fleet_config(tmp_path / "fleet.toml", {
+        "n1": local_node(d[0].socket_path), "n2": local_node(d[1].socket_path),
+        "n3": local_node(proxy.socket_path, timeout_s=N3_TIMEOUT_S)}, departments={"research": None, "training": None})
     try:
         yield cfg, d, proxy
     finally:

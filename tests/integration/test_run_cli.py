@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from daemon_proc import REPO_ROOT, uds_client
-from fleet_fixtures import daemon_slices, run_cli
+from fleet_fixtures import cli_process, daemon_slices, run_cli, ssh_cli_args, sshd_node, write_fleet_config
 from gpuctl.backends.simulated import MEMORY_TOTAL_BYTES
 from gpuctl.fleet.demo import start_demo_fleet
 
@@ -170,19 +170,12 @@ def test_run_forwards_signal_then_releases(demo, cfg, sig):
         print("ready", flush=True)
         time.sleep(30)
     """)
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    p = subprocess.Popen([sys.executable, "-m", "gpuctl.cli", "--config", cfg, "run", "--dept", "research",
-                          "--gpus", "0.25", "--", sys.executable, "-c", script],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
+    with cli_process("--config", cfg, "run", "--dept", "research", "--gpus", "0.25", "--",
+                     sys.executable, "-c", script) as p:
         assert p.stdout.readline().strip() == "ready"
         assert len(leases_of(demo)["sim-02"]) == 1
         p.send_signal(sig)  # gpuctl's stdin is no terminal: the signal did not reach CMD by itself
         out, err = p.communicate(timeout=20)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
     assert p.returncode == 42, err
     assert out.strip() == f"got {sig.name}, sum 8.0"  # the lease was still there while CMD handled it
     assert "released lease" in err
@@ -235,11 +228,8 @@ def test_run_over_ssh_leases_through_sshd(tmp_path):
             assert c.post("/v1/assign", json={"request_id": "s", "generation": gen, "moves": [
                 {"slice_id": sid, "from": "unassigned", "to": "research"}]}).status_code == 200
         with SshServer(session_env={"PYTHONPATH": str(REPO_ROOT)}) as sshd:
-            cfg = tmp_path / "fleet.toml"
-            cfg.write_text(f'[[node]]\nname = "alpha"\nhost = "test-sshd"\nsocket = "{d.socket_path}"\n'
-                           f'gpuctld = "{sys.executable} -m gpuctl.daemon"\ntimeout_s = 8\n')
-            r = run_cli("--config", str(cfg), "--ssh-config", str(sshd.ssh_config), "--known-hosts",
-                        str(sshd.known_hosts), "run", "--dept", "research", "--gpus", "1", "--ttl", "1", "--",
+            cfg = write_fleet_config(tmp_path / "fleet.toml", {"alpha": sshd_node(d.socket_path)}, departments={})
+            r = run_cli(*ssh_cli_args(cfg, sshd), "run", "--dept", "research", "--gpus", "1", "--ttl", "1", "--",
                         sys.executable, "-c", "import time, gpuctl.remote as cp; time.sleep(1.5); "
                         "print(float((cp.arange(5) ** 2).sum().get()))")
         assert r.code == 0, r.stderr

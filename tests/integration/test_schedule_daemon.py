@@ -14,43 +14,16 @@ import time
 
 import pytest
 
-from daemon_proc import start_daemon, uds_client
-from fleet_fixtures import daemon_slices, owners, run_cli
+from daemon_proc import uds_client
+from fleet_fixtures import daemon_slices, local_fleet, owners, run_cli
 from gpuctl.daemon.state import StateStore
-
-CONFIG = """
-[[department]]
-name = "research"
-priority = 10
-
-[[department]]
-name = "training"
-priority = 20
-
-[[node]]
-name = "n1"
-transport = "local"
-socket = "{s1}"
-
-[[node]]
-name = "n2"
-transport = "local"
-socket = "{s2}"
-"""
 
 
 @pytest.fixture
 def fleet(tmp_path):
     offset = tmp_path / "clock-offset"
-    d1 = start_daemon(tmp_path, gpus=2, seed=31, name="n1", extra_args=["--clock-offset-file", str(offset)])
-    d2 = start_daemon(tmp_path, gpus=2, seed=32, name="n2", extra_args=["--clock-offset-file", str(offset)])
-    cfg = tmp_path / "fleet.toml"
-    cfg.write_text(CONFIG.format(s1=d1.socket_path, s2=d2.socket_path))
-    try:
+    with local_fleet(tmp_path, {"n1": 31, "n2": 32}, extra_args=["--clock-offset-file", str(offset)]) as (cfg, (d1, d2)):
         yield cfg, d1, d2, offset
-    finally:
-        d1.stop()
-        d2.stop()
 
 
 def _entries(d) -> list[dict]:

@@ -4,36 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from daemon_proc import start_daemon
-from fleet_fixtures import daemon_slices, run_cli
+from fleet_fixtures import daemon_slices, local_fleet, run_cli
 from gpuctl.backends.simulated import MEMORY_TOTAL_BYTES
 from gpuctl.fleet.split import SplitError, parse_fractions
-
-CONFIG = """
-[[department]]
-name = "research"
-priority = 10
-
-[[department]]
-name = "training"
-priority = 20
-
-[[node]]
-name = "n1"
-transport = "local"
-socket = "{s1}"
-"""
 
 
 @pytest.fixture
 def fleet(tmp_path):
-    d = start_daemon(tmp_path, gpus=2, seed=21, name="n1")
-    cfg = tmp_path / "fleet.toml"
-    cfg.write_text(CONFIG.format(s1=d.socket_path))
-    try:
+    with local_fleet(tmp_path, {"n1": 21}) as (cfg, (d,)):
         yield cfg, d
-    finally:
-        d.stop()
 
 
 def _gpu0(d) -> list[dict]:

@@ -7,38 +7,14 @@ import json
 
 import pytest
 
-from daemon_proc import start_daemon
-from fleet_fixtures import daemon_slices, run_cli
-
-CONFIG = """
-[[department]]
-name = "research"
-
-[[department]]
-name = "training"
-
-[[node]]
-name = "n1"
-transport = "local"
-socket = "{s1}"
-
-[[node]]
-name = "n2"
-transport = "local"
-socket = "{s2}"
-timeout_s = 2
-"""
+from fleet_fixtures import daemon_slices, local_fleet, local_node, run_cli
 
 
 @pytest.fixture
 def fleet(tmp_path):
-    d1 = start_daemon(tmp_path, gpus=2, seed=31, name="n1")
-    cfg = tmp_path / "fleet.toml"
-    cfg.write_text(CONFIG.format(s1=d1.socket_path, s2=tmp_path / "no-daemon.sock"))
-    try:
+    with local_fleet(tmp_path, {"n1": 31}, departments={"research": None, "training": None},
+                     extra_nodes={"n2": local_node(tmp_path / "no-daemon.sock", timeout_s=2)}) as (cfg, (d1,)):
         yield cfg, d1
-    finally:
-        d1.stop()
 
 
 @pytest.mark.parametrize("mode", [[], ["--json"]], ids=["table", "json"])

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon_proc import start_daemon
-from fleet_fixtures import daemon_slices, run_cli
+from fleet_fixtures import daemon_slices, local_fleet, run_cli
 from gpuctl.model import UNASSIGNED, FleetSnapshot, NodeStatus
 from gpuctl.fleet.reassign import ReassignError, ReassignRequest, plan
 
@@ -47,31 +46,9 @@ def test_any_with_slice_ids_is_refused():
         ReassignRequest("any", "research", slice_ids=["x"]).validate(list(PRIO))
 
 
-CONFIG = """
-[[department]]
-name = "research"
-priority = 10
-
-[[department]]
-name = "training"
-priority = 20
-
-[[department]]
-name = "inference"
-priority = 30
-
-[[node]]
-name = "n1"
-transport = "local"
-socket = "{s1}"
-"""
-
-
 def test_cli_reassign_from_any_lists_what_it_took_from_whom(tmp_path):
-    d = start_daemon(tmp_path, gpus=4, seed=61, name="n1")
-    try:
-        cfg = tmp_path / "fleet.toml"
-        cfg.write_text(CONFIG.format(s1=d.socket_path))
+    with local_fleet(tmp_path, {"n1": 61}, gpus=4,
+                     departments={"research": 10, "training": 20, "inference": 30}) as (cfg, (d,)):
         sids = sorted(daemon_slices(d.socket_path))
         for sid, dept in zip(sids[:3], ("research", "training", "inference")):
             r = run_cli("reassign", "--from", "unassigned", "--to", dept, "--slice", sid, "--yes", "--config", str(cfg))
@@ -89,5 +66,4 @@ def test_cli_reassign_from_any_lists_what_it_took_from_whom(tmp_path):
         assert daemon_slices(d.socket_path) == after
         au = run_cli("audit", "--dept", "inference", "--json", "--config", str(cfg))
         assert any(rec.get("request_id") == "any-1" and rec.get("moved") for rec in au.json["records"])
-    finally:
-        d.stop()
+

@@ -12,17 +12,13 @@ import numpy as np
 import pytest
 
 import gpuctl.remote as cp
-from gpuctl.datapath.testing import running_worker
+from remote_lease import attached
 
 
 @pytest.fixture(scope="module")
 def remote():
-    with running_worker(quota_bytes=64 << 20) as (_, url):
-        conn = cp.attach(url)
-        try:
-            yield conn
-        finally:
-            cp.detach()
+    with attached(quota_bytes=64 << 20) as (_, conn):
+        yield conn
 
 
 def queued(conn) -> int:
@@ -131,12 +127,8 @@ def test_value_dependent_errors_still_surface_at_next_sync_naming_the_op(remote)
 
 @pytest.fixture()
 def slice_20mib():
-    with running_worker(quota_bytes=20 << 20) as (_, url):
-        conn = cp.attach(url)
-        try:
-            yield conn
-        finally:
-            cp.detach()
+    with attached(quota_bytes=20 << 20) as (_, conn):
+        yield conn
 
 
 def test_allocation_over_the_quota_raises_at_the_call(slice_20mib):

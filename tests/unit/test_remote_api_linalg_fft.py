@@ -10,8 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import gpuctl.remote as cp
-from gpuctl.datapath.testing import running_worker
-from test_remote_api_names import same
+from remote_lease import attached, same
 
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 FLOATS = st.sampled_from([np.float32, np.float64])
@@ -19,12 +18,8 @@ FLOATS = st.sampled_from([np.float32, np.float64])
 
 @pytest.fixture(scope="module")
 def remote():
-    with running_worker(quota_bytes=256 << 20) as (_, url):
-        cp.attach(url)
-        try:
-            yield cp
-        finally:
-            cp.detach()
+    with attached(quota_bytes=256 << 20):
+        yield cp
 
 
 BATCH = st.lists(st.integers(1, 2), max_size=1)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import gpuctl.remote as cp
-from gpuctl.datapath.testing import running_worker
+from remote_lease import attached, same
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 NUM_DTYPES = st.sampled_from([np.float32, np.float64, np.int32, np.int64, np.int8, np.uint8])
@@ -22,12 +22,8 @@ FLOAT_DTYPES = st.sampled_from([np.float32, np.float64])
 
 @pytest.fixture(scope="module")
 def remote():
-    with running_worker(quota_bytes=256 << 20) as (_, url):
-        cp.attach(url)
-        try:
-            yield cp
-        finally:
-            cp.detach()
+    with attached(quota_bytes=256 << 20):
+        yield cp
 
 
 def _elements(dt) -> st.SearchStrategy:
@@ -40,27 +36,6 @@ def _elements(dt) -> st.SearchStrategy:
 def arrays(dtype=NUM_DTYPES, min_dims=1, max_dims=3, min_side=1, max_side=5):
     shapes = hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side)
     return dtype.flatmap(lambda dt: hnp.arrays(dt, shapes, elements=_elements(dt)))
-
-
-def same(got, want, *, inferred=True, rtol=1e-6):
-    """`got` (remote) equals `want` (NumPy): values, shape, dtype; with `inferred`, the client knew
-    shape and dtype before fetching anything."""
-    if isinstance(want, (tuple, list)):
-        assert isinstance(got, (tuple, list)) and len(got) == len(want)
-        for g, w in zip(got, want):
-            same(g, w, inferred=inferred, rtol=rtol)
-        return
-    want = np.asarray(want)
-    assert isinstance(got, cp.ndarray), type(got)
-    if inferred:
-        assert got._shape == want.shape, (got._shape, want.shape)
-        assert got._dtype == want.dtype, (got._dtype, want.dtype)
-    host = got.get()
-    assert host.shape == want.shape and host.dtype == want.dtype, (host.shape, host.dtype, want.shape, want.dtype)
-    if want.dtype.kind in "fc":
-        np.testing.assert_allclose(host, want, rtol=rtol, atol=rtol)
-    else:
-        np.testing.assert_array_equal(host, want)
 
 
 @SETTINGS

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import gpuctl.remote as cp
-from gpuctl.datapath.testing import running_worker
+from remote_lease import attached
 
 RNG = np.random.default_rng(7)
 A0 = RNG.standard_normal((3, 4)).astype(np.float32)
@@ -19,12 +19,8 @@ I0 = np.arange(12, dtype=np.int64).reshape(3, 4)
 
 @pytest.fixture(scope="module")
 def remote():
-    with running_worker(quota_bytes=256 << 20) as (handle, url):
-        cp.attach(url)
-        try:
-            yield cp
-        finally:
-            cp.detach()
+    with attached(quota_bytes=256 << 20):
+        yield cp
 
 
 def _setitem(xp, A, B, I):
@@ -325,12 +321,8 @@ def test_pipelined_ops_need_one_synchronization(remote):
 
 @pytest.fixture()
 def small_lease():
-    with running_worker(quota_bytes=1 << 20) as (handle, url):
-        conn = cp.attach(url)
-        try:
-            yield conn, handle
-        finally:
-            cp.detach()
+    with attached(quota_bytes=1 << 20) as (handle, conn):
+        yield conn, handle
 
 
 def test_quota_exceeded_raises_oom_and_lease_stays_usable(small_lease):

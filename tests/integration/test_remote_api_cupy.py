@@ -8,26 +8,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-cupy = pytest.importorskip("cupy")
-try:
-    _GPUS = cupy.cuda.runtime.getDeviceCount()
-except Exception:  # noqa: BLE001 - no driver
-    _GPUS = 0
+from remote_lease import attached, cupy_on_a_gpu
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_GPUS == 0, reason="needs an NVIDIA GPU")]
+cupy = cupy_on_a_gpu()  # skips this module where CuPy or an NVIDIA GPU is missing
+pytestmark = pytest.mark.gpu
 
 import gpuctl.remote as cp
-from gpuctl.datapath.testing import cuda_device_uuid, running_worker
+from gpuctl.datapath.testing import cuda_device_uuid
 
 
 @pytest.fixture(scope="module")
 def gpu_lease():
-    with running_worker(executor="cupy", gpu_uuid=cuda_device_uuid(), quota_bytes=1 << 30) as (handle, url):
-        cp.attach(url)
-        try:
-            yield handle
-        finally:
-            cp.detach()
+    with attached(executor="cupy", gpu_uuid=cuda_device_uuid(), quota_bytes=1 << 30) as (handle, _):
+        yield handle
 
 
 RNG = np.random.default_rng(3)
