@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import sys
 import time
 from typing import Any
@@ -125,6 +124,7 @@ def _print_table(report: dict[str, Any], suggestions: list[dict[str, Any]] | Non
 def run(args: argparse.Namespace) -> int:
     """Run `gpuctl report`; returns the exit status."""
     from gpuctl.cli.context import load_config, open_fleet
+    from gpuctl.cli.output import emit_json
     from gpuctl.fleet.usage_report import build_report, collect, suggest
 
     try:
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         suggestions = suggest(report, {d.name: d.priority for d in cfg.departments})
         report["suggestions"] = suggestions
     if args.json:
-        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        emit_json(report)
     elif args.csv:
         write_csv(report, sys.stdout)
     else:

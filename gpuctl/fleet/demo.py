@@ -380,6 +380,9 @@ def serve_without_console(fleet: DemoFleet, *, json_out: bool = False, restart_a
                     except RuntimeError as e:
                         print(f"gpuctl demo: restart of {n.name} failed: {e}", file=sys.stderr, flush=True)
                         down_since[n.name] = now
+                    else:  # said at once: it answers already, and a stop right now must not lose the line
+                        print(f"gpuctl demo: node {n.name} is back (pid {n.proc.pid})", file=sys.stderr, flush=True)
+                        del down_since[n.name]
             time.sleep(0.2)
     except KeyboardInterrupt:
         pass

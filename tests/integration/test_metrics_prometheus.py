@@ -136,7 +136,7 @@ def _wait(fn, timeout_s: float = 60.0):
             last = fn()
             if last:
                 return last
-        except httpx.HTTPError as e:
+        except (httpx.HTTPError, ValueError, KeyError) as e:  # starting up: 503 "Service Unavailable", not JSON
             last = e
         time.sleep(0.5)
     raise AssertionError(f"not within {timeout_s} s: {last!r}")

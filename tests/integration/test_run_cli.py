@@ -220,7 +220,7 @@ def test_run_over_ssh_leases_through_sshd(tmp_path):
 
     if not sshd_available():
         pytest.skip("needs /usr/sbin/sshd and ssh-keygen")
-    d = start_daemon(tmp_path, gpus=2, seed=5, name="alpha")
+    d = start_daemon(tmp_path, gpus=2, seed=5, name="alpha", extra_args=["--log-level", "debug"])  # heartbeats: DEBUG
     try:
         with uds_client(d.socket_path) as c:
             gen = c.get("/v1/slices").json()["generation"]
