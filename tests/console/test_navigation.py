@@ -306,7 +306,9 @@ async def test_only_the_top_screen_renders_snapshots_and_catches_up_when_shown(s
         shown.clear()
         await poll(app, pilot)
         await poll(app, pilot)
-        assert shown == ["LeasesScreen", "LeasesScreen"]  # the fleet table below: nothing
+        # every poll renders the top screen (the app's own refresh timer may add polls on a slow
+        # machine); the fleet table below: nothing
+        assert len(shown) >= 2 and set(shown) == {"LeasesScreen"}
         await pilot.press("question_mark")
         await pilot.pause()
         shown.clear()
