@@ -12,7 +12,7 @@ closes one:
 
 Prints one JSON line at the end: connections opened, connect failures, connections closed by the
 daemon, answers seen by HTTP status (e.g. {"431": 40, "503": 12}), bytes sent. Used by
-tests/test_control_api_limits.py and bench/torture.py.
+tests/integration/test_control_api_limits.py and bench/torture.py.
 """
 
 from __future__ import annotations

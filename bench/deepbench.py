@@ -1,7 +1,7 @@
 """DeepBench's GEMM training set (baidu-research/DeepBench, code/kernels/gemm_problems.h,
 ``training_set``): 160 problems (M, N, K, A transposed, B transposed), C = op(A) · op(B) with
 op(A) M×K and op(B) K×N. Built here from the set's structure; the test
-tests/test_remote_api_bench.py checks the count and a few entries against the header."""
+tests/unit/test_remote_api_bench.py checks the count and a few entries against the header."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ gets when it breaks it:
 Sockets are read only when a request needs more bytes (``loop.sock_recv``, 64 KiB at a time), so
 a connection never holds more than its head budget or its declared body; after peers have sent
 ``TRIM_AFTER_BYTES`` the freed pages are handed back to the OS (glibc ``malloc_trim``), so the
-daemon's RSS returns to its baseline after an abuse (tests/test_control_api_limits.py).
+daemon's RSS returns to its baseline after an abuse (tests/integration/test_control_api_limits.py).
 
 Every answer carries Content-Length; a protocol error is answered in the API's JSON error shape
 (code ``bad_http``) and the connection closed. Each request is logged to stderr in one line with

@@ -3,7 +3,7 @@
 gpuctl reads the config itself (paramiko's SSHConfig raises on valid lines such as
 ``Match final all`` and treats Match criteria it does not know as matching). The rules followed
 are OpenSSH's (readconf.c, ssh.c of OpenSSH 9.x; checked against ``ssh -G`` by
-tests/test_sshconfig_match.py):
+tests/integration/test_sshconfig_match.py):
 
 - Lines are ``Keyword args`` or ``Keyword=args``; keywords are case-insensitive; ``#`` starts a
   comment; arguments may be quoted. For each option the first value obtained wins; IdentityFile

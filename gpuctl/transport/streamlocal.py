@@ -16,7 +16,7 @@ PROTOCOL file, section 2.4::
     uint32    reserved (0)
 
 and registers the channel the way ``Transport.open_channel`` does (paramiko 3.x to 5.x; pinned by
-tests/test_streamlocal.py against a real sshd). sshd connects to the socket from the user's own
+tests/integration/test_streamlocal.py against a real sshd). sshd connects to the socket from the user's own
 session process, so the daemon's SO_PEERCRED sees the SSH login user, as with the bridge. sshd
 refuses it when ``AllowStreamLocalForwarding`` is no (or ``DisableForwarding`` yes, or the key's
 ``restrict`` / ``no-port-forwarding``): :class:`paramiko.ChannelException` with code 1
