@@ -38,6 +38,21 @@ def add_globals(p: argparse.ArgumentParser, *, top: bool) -> None:
                    help="say on stderr how each node was reached (which SSH control channel)")
 
 
+def add_move_arguments(p: argparse.ArgumentParser, *, from_help: str, drain_help: str, revoke_help: str) -> None:
+    """The arguments of a slice move, shared by `reassign` and `schedule add`: --from/--to, one of
+    --count/--gpus/--slice, --node, one of --drain/--revoke (ReassignRequest's fields)."""
+    p.add_argument("--from", dest="src", required=True, metavar="DEPT", help=from_help)
+    p.add_argument("--to", dest="dst", required=True, metavar="DEPT", help="department receiving them")
+    amount = p.add_mutually_exclusive_group(required=True)
+    amount.add_argument("--count", type=int, metavar="N", help="number of slices")
+    amount.add_argument("--gpus", type=float, metavar="X", help="GPU-equivalents (e.g. 1.5)")
+    amount.add_argument("--slice", dest="slice_ids", action="append", metavar="ID", help="a slice id (repeatable)")
+    p.add_argument("--node", metavar="NAME", help="only slices of this node")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--drain", action="store_true", help=drain_help)
+    mode.add_argument("--revoke", action="store_true", help=revoke_help)
+
+
 def config_path(args: argparse.Namespace) -> tuple[Path, str]:
     """Where the fleet config is read from, and why: --config, then $GPUCTL_CONFIG, then
     $XDG_CONFIG_HOME/gpuctl/fleet.toml."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gpuctl.cli.context import check_node, load_config, open_fleet
+from gpuctl.cli.context import add_move_arguments, check_node, load_config, open_fleet
 from gpuctl.cli.errors import UsageError
 from gpuctl.cli.output import confirm, console, emit_json, err, fraction_label, interactive, na, print_table
 from gpuctl.cli.registry import Verb
@@ -30,18 +30,10 @@ def _departments_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _reassign_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--from", dest="src", required=True, metavar="DEPT",
-                   help="department giving slices ('unassigned' for new GPUs; 'any': free slices of the "
-                        "unassigned pool, then of the lowest-priority departments)")
-    p.add_argument("--to", dest="dst", required=True, metavar="DEPT", help="department receiving them")
-    amount = p.add_mutually_exclusive_group(required=True)
-    amount.add_argument("--count", type=int, metavar="N", help="number of slices")
-    amount.add_argument("--gpus", type=float, metavar="X", help="GPU-equivalents (e.g. 1.5)")
-    amount.add_argument("--slice", dest="slice_ids", action="append", metavar="ID", help="a slice id (repeatable)")
-    p.add_argument("--node", metavar="NAME", help="only slices of this node")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--drain", action="store_true", help="leased slices move when their lease ends")
-    mode.add_argument("--revoke", action="store_true", help="end the leases of leased slices, then move")
+    add_move_arguments(p, from_help="department giving slices ('unassigned' for new GPUs; 'any': free slices of the "
+                                     "unassigned pool, then of the lowest-priority departments)",
+                       drain_help="leased slices move when their lease ends",
+                       revoke_help="end the leases of leased slices, then move")
     p.add_argument("--dry-run", action="store_true", help="show what would move, change nothing")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     p.add_argument("--request-id", metavar="ID", help="idempotency key: a re-run completes, never repeats")

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from gpuctl.cli.actions import add_actions, inherit_options
+from gpuctl.cli.context import add_move_arguments
 from gpuctl.exit_codes import ExitCode
 
 
@@ -30,16 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     inherit_options(parser, a)
     a.add_argument("--at", required=True, metavar="TIME",
                    help="+DURATION (+2h), 'tomorrow 08:00', or ISO 8601 with or without zone (local assumed)")
-    a.add_argument("--from", dest="src", required=True, metavar="DEPT", help="department giving slices")
-    a.add_argument("--to", dest="dst", required=True, metavar="DEPT", help="department receiving them")
-    amount = a.add_mutually_exclusive_group(required=True)
-    amount.add_argument("--count", type=int, metavar="N", help="number of slices")
-    amount.add_argument("--gpus", type=float, metavar="X", help="GPU-equivalents (e.g. 1.5)")
-    amount.add_argument("--slice", dest="slice_ids", action="append", metavar="ID", help="a slice id (repeatable)")
-    a.add_argument("--node", metavar="NAME", help="only slices of this node")
-    mode = a.add_mutually_exclusive_group()
-    mode.add_argument("--drain", action="store_true", help="at the time, leased slices move when their lease ends")
-    mode.add_argument("--revoke", action="store_true", help="at the time, end leases of leased slices (after --grace)")
+    add_move_arguments(a, from_help="department giving slices",
+                       drain_help="at the time, leased slices move when their lease ends",
+                       revoke_help="at the time, end leases of leased slices (after --grace)")
     a.add_argument("--grace", metavar="DURATION", help="with --revoke: leases end this long after the time (e.g. 10m)")
     a.add_argument("--request-id", metavar="ID", help="idempotency key: a re-run completes, never adds twice")
     a.add_argument("--dry-run", action="store_true", help="show the planned moves, install nothing")

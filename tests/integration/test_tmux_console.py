@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from tmux import capture, tmux, wait_for
 
 pytestmark = [pytest.mark.tmux,
               pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")]
@@ -18,33 +19,16 @@ pytestmark = [pytest.mark.tmux,
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _tmux(*args: str) -> str:
-    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
-
-
-def _capture(session: str) -> str:
-    return _tmux("capture-pane", "-p", "-t", session)
-
-
-def _wait_for(session: str, predicate, timeout_s: float = 40.0) -> str:
-    deadline = time.monotonic() + timeout_s
-    screen = ""
-    while time.monotonic() < deadline:
-        screen = _capture(session)
-        if predicate(screen):
-            return screen
-        time.sleep(0.3)
-    raise AssertionError(f"screen never matched; last screen:\n{screen}")
 
 
 def _keys(session: str, *keys: str, literal: bool = False, pause_s: float = 0.4) -> None:
-    _tmux("send-keys", "-t", session, *(["-l"] if literal else []), *keys)
+    tmux("send-keys", "-t", session, *(["-l"] if literal else []), *keys)
     time.sleep(pause_s)
 
 
 def _hex(session: str, data: bytes, pause_s: float = 0.4) -> None:
     """Send raw bytes to the terminal's input, as a terminal would (send-keys -H)."""
-    _tmux("send-keys", "-t", session, "-H", *[f"{b:02x}" for b in data])
+    tmux("send-keys", "-t", session, "-H", *[f"{b:02x}" for b in data])
     time.sleep(pause_s)
 
 
@@ -55,9 +39,9 @@ def console(tmp_path):
     status = tmp_path / "status"
     cmd = (f"cd {ROOT} && PYTHONPATH={ROOT} TERM=xterm-256color {sys.executable} -m gpuctl.cli demo --seed 3"
            f" ; echo $? > {status}; sleep 60")
-    _tmux("new-session", "-d", "-s", name, "-x", "120", "-y", "40", cmd)
+    tmux("new-session", "-d", "-s", name, "-x", "120", "-y", "40", cmd)
     try:
-        _wait_for(name, lambda s: "sim-01" in s and "%" in s)
+        wait_for(name, lambda s: "sim-01" in s and "%" in s)
         yield name, status
     finally:
         subprocess.run(["tmux", "send-keys", "-t", name, "q"], capture_output=True)
@@ -77,12 +61,12 @@ def _quit(session: str, status: Path) -> int:
 def test_colon_on_the_board_runs_the_command_while_polls_arrive(console):
     session, status = console
     _keys(session, "d")
-    _wait_for(session, lambda s: "departments" in s.splitlines()[0])
+    wait_for(session, lambda s: "departments" in s.splitlines()[0])
     _keys(session, ":")
     _keys(session, "nodes", literal=True, pause_s=2.5)  # polls (every second) arrive meanwhile
-    assert any(line.strip() == ":nodes" for line in _capture(session).splitlines())  # the bar kept it
+    assert any(line.strip() == ":nodes" for line in capture(session).splitlines())  # the bar kept it
     _keys(session, "Enter")
-    screen = _wait_for(session, lambda s: "fleet" in s.splitlines()[0])
+    screen = wait_for(session, lambda s: "fleet" in s.splitlines()[0])
     assert "node sim-" not in screen.splitlines()[0]  # Enter did not open a node on the board
     assert _quit(session, status) == 0
 
@@ -93,7 +77,7 @@ def test_malformed_mouse_reports_never_type_into_the_filter(console):
     _hex(session, b"\x1b[<0;12;5X")        # a malformed SGR mouse report
     _hex(session, b"\x1b[<35;1", pause_s=0.6)  # truncated, then nothing for longer than the escape delay
     _keys(session, "sim-02", literal=True, pause_s=1.0)
-    screen = _capture(session)
+    screen = capture(session)
     # the filter line: what was typed and nothing else (a flash may cover its right side)
     assert any(line.split("▌")[0].strip() == "sim-02" for line in screen.splitlines()), screen
     assert "terminal input dropped" in screen
@@ -108,5 +92,5 @@ def test_pixel_mouse_with_a_cell_size_of_0_does_not_end_the_console(console):
     assert not status.exists(), "the console ended"
     _keys(session, "/")
     _keys(session, "sim-03", literal=True, pause_s=1.0)
-    assert "sim-03" in _capture(session)
+    assert "sim-03" in capture(session)
     assert _quit(session, status) == 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from tmux import tmux, wait_for
 
 pytestmark = [pytest.mark.tmux,
               pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")]
@@ -18,23 +18,6 @@ pytestmark = [pytest.mark.tmux,
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _tmux(*args: str) -> str:
-    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
-
-
-def _capture(session: str) -> str:
-    return _tmux("capture-pane", "-p", "-t", session)
-
-
-def _wait_for(session: str, predicate, timeout_s: float = 40.0) -> str:
-    deadline = time.monotonic() + timeout_s
-    screen = ""
-    while time.monotonic() < deadline:
-        screen = _capture(session)
-        if predicate(screen):
-            return screen
-        time.sleep(0.3)
-    raise AssertionError(f"screen never matched; last screen:\n{screen}")
 
 
 def _demo_daemons() -> list[str]:
@@ -48,7 +31,7 @@ def tmux_session():
     name = f"gpuctl-test-{uuid.uuid4().hex[:8]}"
     env_cmd = (f"cd {ROOT} && PYTHONPATH={ROOT} TERM=xterm-256color "
                f"{sys.executable} -m gpuctl.cli demo --seed 3")
-    _tmux("new-session", "-d", "-s", name, "-x", "80", "-y", "24", env_cmd)
+    tmux("new-session", "-d", "-s", name, "-x", "80", "-y", "24", env_cmd)
     try:
         yield name
     finally:
@@ -57,25 +40,25 @@ def tmux_session():
 
 def test_demo_console_at_80x24_shows_fleet_and_quits_cleanly(tmux_session):
     before = set(_demo_daemons())
-    screen = _wait_for(tmux_session, lambda s: "sim-01" in s and "%" in s)
+    screen = wait_for(tmux_session, lambda s: "sim-01" in s and "%" in s)
     lines = screen.splitlines()
     assert len(lines) <= 24 and all(len(line) <= 80 for line in lines)
     assert "Traceback" not in screen
     assert "q" in lines[-1].lower()  # footer shows keys
     # live: the screen changes by itself within a few seconds (telemetry refresh)
-    _wait_for(tmux_session, lambda s: s != screen, timeout_s=10)
+    wait_for(tmux_session, lambda s: s != screen, timeout_s=10)
     # the `/` filter narrows to one node
     # keys at a typist's pace: Textual moves focus to the filter on its next idle, like a human sees it
-    _tmux("send-keys", "-t", tmux_session, "/")
+    tmux("send-keys", "-t", tmux_session, "/")
     time.sleep(0.5)
-    _tmux("send-keys", "-t", tmux_session, "-l", "sim-02")
+    tmux("send-keys", "-t", tmux_session, "-l", "sim-02")
     time.sleep(0.5)
-    _tmux("send-keys", "-t", tmux_session, "Enter")
-    filtered = _wait_for(tmux_session, lambda s: "sim-02" in s and "sim-01" not in s)
+    tmux("send-keys", "-t", tmux_session, "Enter")
+    filtered = wait_for(tmux_session, lambda s: "sim-02" in s and "sim-01" not in s)
     assert "sim-03" not in filtered and "sim-04" not in filtered
-    _tmux("send-keys", "-t", tmux_session, "Escape")
+    tmux("send-keys", "-t", tmux_session, "Escape")
     time.sleep(0.5)
-    _tmux("send-keys", "-t", tmux_session, "q")
+    tmux("send-keys", "-t", tmux_session, "q")
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and (set(_demo_daemons()) - before):
         time.sleep(0.2)
@@ -84,10 +67,10 @@ def test_demo_console_at_80x24_shows_fleet_and_quits_cleanly(tmux_session):
 
 def test_filter_typed_in_one_burst_keeps_every_key(tmux_session):
     """`/sim-03` written at once (a fast typist, a paste): every key lands in order in the filter."""
-    _wait_for(tmux_session, lambda s: "sim-01" in s and "%" in s)
-    _tmux("send-keys", "-t", tmux_session, "-l", "/sim-03")
-    screen = _wait_for(tmux_session, lambda s: "sim-03" in s and "sim-01" not in s, timeout_s=10)
+    wait_for(tmux_session, lambda s: "sim-01" in s and "%" in s)
+    tmux("send-keys", "-t", tmux_session, "-l", "/sim-03")
+    screen = wait_for(tmux_session, lambda s: "sim-03" in s and "sim-01" not in s, timeout_s=10)
     assert "sim-02" not in screen and "sim-04" not in screen
-    _tmux("send-keys", "-t", tmux_session, "Escape")
+    tmux("send-keys", "-t", tmux_session, "Escape")
     time.sleep(0.5)
-    _tmux("send-keys", "-t", tmux_session, "q")
+    tmux("send-keys", "-t", tmux_session, "q")
