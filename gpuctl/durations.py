@@ -36,6 +36,15 @@ def parse_duration(text: str) -> float:
     return total
 
 
+def is_duration(text: str) -> bool:
+    """True when `text` reads as a duration (:func:`parse_duration` would not raise)."""
+    try:
+        parse_duration(text)
+    except DurationError:
+        return False
+    return True
+
+
 def parse_time(text: str, now_s: float) -> float:
     """A point in time as Unix seconds: ``now``; a duration ago (``30d`` = 30 days before
     `now_s`); or an ISO 8601 date / date-time (``2026-01-31``, ``2026-01-31T08:00``,

@@ -9,9 +9,8 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-#: Seconds per duration unit.
-UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)([smhdw]))")
+from gpuctl import durations
+
 TIME_FORMS = ("+DURATION (e.g. +5s, +2h, +1d12h), 'today HH:MM', 'tomorrow HH:MM', "
               "ISO 8601 (2026-03-01T08:00, with or without a zone such as Z or +01:00)")
 
@@ -22,10 +21,11 @@ class TimeError(ValueError):
 
 def parse_duration(text: str) -> float:
     """``"90s"``, ``"30m"``, ``"2h"``, ``"1d12h"``, ``"1.5h"`` -> seconds (> 0). Raises TimeError."""
-    t = text.strip().lower()
-    if not t or _DURATION.sub("", t) != "":
-        raise TimeError(f"{text!r} is not a duration: write a number and a unit (s, m, h, d, w), e.g. 30m, 2h, 1d12h")
-    total = sum(float(n) * UNITS_S[u] for n, u in _DURATION.findall(t))
+    try:
+        total = durations.parse_duration(text)  # the one reading of <number><unit>...
+    except durations.DurationError:
+        raise TimeError(f"{text!r} is not a duration: write a number and a unit (s, m, h, d, w), "
+                        f"e.g. 30m, 2h, 1d12h") from None
     if total <= 0:
         raise TimeError(f"{text!r}: the duration must be more than 0 seconds")
     return total
@@ -97,7 +97,7 @@ def _localize(naive: dt.datetime, tz: dt.tzinfo | None) -> dt.datetime:
 def parse_since(text: str, now_s: float, tz: dt.tzinfo | None = None) -> float:
     """``--since``: a duration back from now (``2h``) or a time as :func:`parse_time`. Unix s."""
     t = text.strip()
-    if t and t[0].isdigit() and _DURATION.sub("", t.lower()) == "":
+    if t and t[0].isdigit() and durations.is_duration(t):
         return now_s - parse_duration(t)
     return parse_time(t, now_s, tz)
 
