@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -161,7 +162,10 @@ def test_sshd_refusing_streamlocal_is_administratively_prohibited(sshd_no_stream
 # --------------------------------------------------------------------------- the transport's choice
 
 
-def test_transport_uses_streamlocal_and_opens_channels_in_milliseconds(sshd, daemon, opened):
+def test_transport_uses_streamlocal_over_a_socket_that_never_waits_for_a_delayed_ack(sshd, daemon, opened):
+    """The channel-open time itself (<= 20 ms, issue 15) is measured in bench/fleet_scale.py; here:
+    the channel kind, sshd as the daemon's peer, and the socket options that keep Nagle and a
+    delayed ACK from adding 40 ms to one channel open in twenty (seen in CI before they were set)."""
     t = opened(_node(daemon), sshd)
     c = t.http_client()
     before = _lines(daemon, "/v1/health")
@@ -169,12 +173,13 @@ def test_transport_uses_streamlocal_and_opens_channels_in_milliseconds(sshd, dae
     assert t.channel_kind == "streamlocal"
     _, pid = _last_peer(daemon, "/v1/health", before)
     assert _comm(pid) == "sshd"
-    times = []
-    for _ in range(5):
-        ch = t._open_bridge_channel()
-        times.append(t.channel_open_s)
-        ch.close()
-    assert sorted(times)[2] < 0.020, times  # the node side of a command: <= 20 ms (issue 15)
+    sock = t._ssh.sock
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    if hasattr(socket, "TCP_QUICKACK"):
+        assert type(sock).__name__ == "_QuickAckSocket"
+    for _ in range(20):  # channels still open and close on the re-wrapped socket
+        t._open_bridge_channel().close()
+    assert c.get("/v1/health").json()["pid"] == daemon.pid
 
 
 def test_refused_streamlocal_falls_back_to_the_relay(sshd_no_streamlocal, daemon, opened, caplog):
