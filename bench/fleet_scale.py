@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "tests"):
+for p in (ROOT, ROOT / "tests" / "support"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
