@@ -1,0 +1,121 @@
+"""The fleet screen's fast path: each poll's view built in the poll worker (filtered, laid out,
+diffed: gpuctl.widgets.fleet_view) is written as whole changed rows, and the table then holds
+exactly what the screen's own full diff would show, across polls, filters, a covered screen
+and a layout change."""
+
+from __future__ import annotations
+
+from tests.support.console import SIZE, WIDE, make_app, poll, settle, table
+from gpuctl.screens import fleet as fleet_screen
+from gpuctl.screens.node_detail import NodeDetailScreen
+from gpuctl.widgets.fleet_rows import filter_rows, fleet_rows, layout_cells
+from gpuctl.widgets.header import HeaderTotals, totals_parts
+
+
+def expected_rows(app) -> dict[str, list[str]]:
+    """What the table must hold: rows rebuilt from scratch (no view, no diff) for the screen's
+    filter and layout."""
+    screen = app.screen
+    rows = filter_rows(fleet_rows(app.snapshot, app.sm_history, app.palette), screen.filter_text, app.palette)
+    return {r.key: [str(c) for c in layout_cells(r, screen.table_layout)] for r in rows}
+
+
+def shown_rows(app) -> dict[str, list[str]]:
+    t = table(app)
+    return {row.key.value: [str(c) for c in t.get_row(row.key)] for row in t.ordered_rows}
+
+
+def counting_replace_rows(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    real = fleet_screen.replace_rows
+
+    def spy(t, rows):
+        calls.append(len(rows))
+        return real(t, rows)
+
+    monkeypatch.setattr(fleet_screen, "replace_rows", spy)
+    return calls
+
+
+async def test_polls_take_the_fast_path_and_show_what_a_full_diff_shows(source, monkeypatch):
+    calls = counting_replace_rows(monkeypatch)
+    app = make_app(source)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(app, pilot)
+        await poll(app, pilot)  # the first view (no base: the screen's own diff)
+        for _ in range(3):
+            await poll(app, pilot)
+            view = app.fleet_view_for(app.snapshot)
+            assert view is not None and view.base_seq is not None
+            assert app.screen._view_seq == view.seq
+            assert shown_rows(app) == expected_rows(app)
+            assert list(shown_rows(app)) == view.keys
+        # every row's sparkline moves each poll: each fast write carried all 32 rows
+        assert calls[-3:] == [32, 32, 32]
+        header = app.screen.query_one(HeaderTotals)
+        departments = list(app.source.departments)
+        assert header._parts == totals_parts(app.snapshot, departments, app.palette)
+
+
+async def test_filter_change_then_polls_stay_exact(source, monkeypatch):
+    calls = counting_replace_rows(monkeypatch)
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(app, pilot)
+        await poll(app, pilot)
+        app.screen.set_filter("node-02")
+        await pilot.pause()
+        assert set(shown_rows(app)) == set(expected_rows(app)) and len(shown_rows(app)) == 8
+        before = len(calls)
+        await poll(app, pilot)  # the worker's first view for the new filter: no base
+        assert shown_rows(app) == expected_rows(app)
+        await poll(app, pilot)  # then the fast path again
+        assert shown_rows(app) == expected_rows(app)
+        assert len(calls) == before + 1 and 0 < calls[-1] <= 8  # rows of node-02 whose cells moved
+        app.screen.set_filter("")
+        await pilot.pause()
+        await poll(app, pilot)
+        assert shown_rows(app) == expected_rows(app) and len(shown_rows(app)) == 32
+
+
+async def test_covered_screen_catches_up_by_its_own_diff(source, monkeypatch):
+    calls = counting_replace_rows(monkeypatch)
+    app = make_app(source)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(app, pilot)
+        await poll(app, pilot)
+        await poll(app, pilot)
+        fleet = app.screen
+        node = app.snapshot.nodes[0].name
+        assert app.open_node(node)
+        await settle(app, pilot)
+        assert isinstance(app.screen, NodeDetailScreen)
+        n = len(calls)
+        await poll(app, pilot)
+        await poll(app, pilot)
+        assert len(calls) == n  # the covered table is not written
+        await pilot.press("escape")
+        await settle(app, pilot)
+        assert app.screen is fleet
+        assert shown_rows(app) == expected_rows(app)
+        assert len(calls) == n  # caught up by the full diff (its view's base is not on screen)
+        await poll(app, pilot)
+        assert shown_rows(app) == expected_rows(app)
+        assert len(calls) == n + 1
+
+
+async def test_layout_change_rebuilds_and_later_polls_are_exact(source):
+    app = make_app(source)
+    async with app.run_test(size=WIDE) as pilot:
+        await settle(app, pilot)
+        await poll(app, pilot)
+        await poll(app, pilot)
+        wide_layout = app.screen.table_layout
+        await pilot.resize_terminal(*SIZE)
+        await settle(app, pilot)
+        assert app.screen.table_layout is not wide_layout
+        assert shown_rows(app) == expected_rows(app)
+        for _ in range(2):
+            await poll(app, pilot)
+            assert shown_rows(app) == expected_rows(app)
+        assert app.fleet_view_spec.layout is app.screen.table_layout
