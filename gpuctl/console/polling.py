@@ -10,6 +10,7 @@ after this one finished, so polls never pile up.
 
 from __future__ import annotations
 
+import gc
 from collections import deque
 
 from textual import work
@@ -98,6 +99,10 @@ class PollingMixin:
             self._fleet_view_built = view
             # the header's figures, remembered by totals_parts for the UI thread's call
             totals_parts(snapshot, list(getattr(self.source, "departments", None) or []), palette)
+        # The poll's new objects (rows, cells, view: ~100k at 4096 GPUs) would otherwise be traced
+        # by the next young collections, wherever they start: often on the UI thread, inside a
+        # tick (1-18 ms each). Collect the young generations here, off the UI thread.
+        gc.collect(1)
         return SnapshotArrived(snapshot, history, rows, palette, view)
 
     def _record_history(self, snapshot: model.FleetSnapshot) -> dict[str, tuple[float | None, ...]]:

@@ -119,3 +119,44 @@ async def test_layout_change_rebuilds_and_later_polls_are_exact(source):
             await poll(app, pilot)
             assert shown_rows(app) == expected_rows(app)
         assert app.fleet_view_spec.layout is app.screen.table_layout
+
+
+async def test_fleet_table_lines_equal_datatable_lines_with_and_without_crop():
+    """FleetTable's assembled body lines (its no-crop shortcut included) give DataTable's own
+    line: same segments (simplified), for the cursor row and others, whole and scrolled."""
+    from rich.segment import Segment
+    from rich.style import Style
+    from rich.text import Text
+    from textual.app import App
+    from textual.widgets import DataTable
+
+    from gpuctl.widgets.fleet_table import FleetTable
+
+    class TableApp(App[None]):
+        def compose(self):
+            t = FleetTable(zebra_stripes=True, cursor_type="row")
+            for i, w in enumerate((8, 3, 12, 20)):
+                t.add_column(str(i), width=w, key=str(i))
+            for r in range(4):
+                t.add_row(Text(f"node-{r:02d}", style="bold"), Text(str(r)),
+                          Text.assemble(("██▍", "#ff0000"), (f" {r}3%", "")),
+                          Text("a cell much longer than its column", style="#00ff00 on #000000"), key=f"r{r}")
+            yield t
+
+    app = TableApp()
+    async with app.run_test(size=(80, 10)) as pilot:
+        await pilot.pause()
+        t = app.query_one(FleetTable)
+        t.move_cursor(row=2)
+        await pilot.pause()
+        compared = 0
+        for base in (Style(), Style(color="#eeeeee", bgcolor="#123456")):
+            for y in (1, 2, 3, 4):  # body lines (line 0 is the header)
+                for x1, x2 in ((0, 80), (0, 30), (5, 40)):
+                    t._forget_renders()
+                    ours = list(Segment.simplify(t._render_line(y, x1, x2, base)))
+                    theirs = list(Segment.simplify(DataTable._render_line(t, y, x1, x2, base)))
+                    assert ours == theirs, (base, y, x1, x2)
+                    assert t._render_line(y, x1, x2, base) is t._render_line(y, x1, x2, base)  # kept
+                    compared += 1
+        assert compared == 24
