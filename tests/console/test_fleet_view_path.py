@@ -160,3 +160,29 @@ async def test_fleet_table_lines_equal_datatable_lines_with_and_without_crop():
                     assert t._render_line(y, x1, x2, base) is t._render_line(y, x1, x2, base)  # kept
                     compared += 1
         assert compared == 24
+
+
+def test_header_totals_remembered_per_snapshot_and_never_shared(source):
+    """totals_parts remembers its last answer (the poll worker computes it for the UI thread):
+    the same snapshot, departments and palette give equal parts in a new list; another snapshot,
+    another department list or another palette are computed afresh."""
+    from gpuctl.widgets.palette import build_palette
+
+    palette = build_palette({}, source.departments)
+    depts = list(source.departments)
+    s1 = source.snapshot()
+    a = totals_parts(s1, depts, palette)
+    b = totals_parts(s1, depts, palette)
+    assert a == b and a is not b
+    b.clear()
+    assert totals_parts(s1, depts, palette) == a
+    s2 = source.snapshot()
+    s2.nodes[0].reachable = False
+    down = totals_parts(s2, depts, palette)
+    assert down[0].text == f"nodes {len(s2.nodes) - 1}/{len(s2.nodes)} up"
+    fewer = totals_parts(s2, depts[:1], palette)
+    assert len(fewer) <= len(down)
+    from gpuctl.widgets import header
+
+    other = build_palette({}, source.departments)
+    assert totals_parts(s2, depts, other) == down and header._LAST_PARTS[2] is other
