@@ -4,8 +4,9 @@ A thread worker (group "poll") calls source.snapshot() (blocking, network) on a 
 its own (gpuctl.screens.workers.run_in_daemon_thread: quitting never waits on a slow node) and
 posts SnapshotArrived with the SM history, the fleet-table rows and the fleet table's view (the
 rows filtered, laid out and diffed for the spec the fleet screen last set in `fleet_view_spec`:
-gpuctl.widgets.fleet_view) and the header's totals, all built off the UI thread, or PollFailed; the UI thread stores them and schedules the next poll as a one-shot timer `refresh_s`
-after this one finished, so polls never pile up.
+gpuctl.widgets.fleet_view) and the header's totals, all built off the UI thread, or PollFailed;
+the UI thread stores them and schedules the next poll as a one-shot timer `refresh_s` after this
+one finished, so polls never pile up.
 """
 
 from __future__ import annotations

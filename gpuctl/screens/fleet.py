@@ -80,7 +80,8 @@ def replace_rows(table: DataTable, rows: dict[str, dict]) -> None:
         return
     data = getattr(table, "_data", None)
     if not isinstance(data, dict) or not hasattr(table, "_update_count"):
-        set_cells(table, [(key, [(getattr(c, "value", c), v) for c, v in cells.items()]) for key, cells in rows.items()])
+        set_cells(table, [(key, [(getattr(c, "value", c), v) for c, v in cells.items()])
+                          for key, cells in rows.items()])
         return
     data.update(rows)
     _cells_changed(table)

@@ -625,7 +625,8 @@ def _depends_on(f: _File, include_dir: str) -> list[str] | None:
         if isinstance(item, _Include):
             for pattern in item.line.args:
                 pattern = os.path.expanduser(pattern)
-                directory = os.path.dirname(pattern if os.path.isabs(pattern) else os.path.join(include_dir, pattern))
+                full = pattern if os.path.isabs(pattern) else os.path.join(include_dir, pattern)
+                directory = os.path.dirname(full)
                 if re.search(r"[*?[]", directory):
                     return None
                 out.append(directory)

@@ -186,3 +186,22 @@ def test_header_totals_remembered_per_snapshot_and_never_shared(source):
 
     other = build_palette({}, source.departments)
     assert totals_parts(s2, depts, other) == down and header._LAST_PARTS[2] is other
+
+
+def test_replace_rows_without_the_cell_store_goes_cell_by_cell():
+    """Another Textual version without DataTable._data: every cell through update_cell, column
+    keys given by value; an empty change writes nothing."""
+    from textual.widgets.data_table import ColumnKey
+
+    class Stub:
+        def __init__(self):
+            self.calls = []
+
+        def update_cell(self, row_key, col_key, value):
+            self.calls.append((row_key, col_key, value))
+
+    stub = Stub()
+    fleet_screen.replace_rows(stub, {})
+    assert stub.calls == []
+    fleet_screen.replace_rows(stub, {"gpu-1": {ColumnKey("sm"): "a", ColumnKey("power"): "b"}, "gpu-2": {"sm": "c"}})
+    assert stub.calls == [("gpu-1", "sm", "a"), ("gpu-1", "power", "b"), ("gpu-2", "sm", "c")]
