@@ -16,6 +16,8 @@ What is measured (all on the UI thread unless said otherwise):
   paint_ms   the screen's compositor updates (Screen._on_timer_update: layout, render of the dirty
              widgets, the frame written to the headless driver) between one snapshot and the next.
   tick_ms    apply_ms + paint_ms of one poll: the UI thread's whole cost of one refresh.
+  *_cpu_ms   the same as the UI thread's CPU time (time.thread_time): what a loaded machine's
+             other processes cannot inflate.
   ui_cpu_pct the UI thread's CPU time (time.thread_time) over the window / wall, in % of one core.
   cpu_pct    the process's CPU time (resource.getrusage, user + system, all threads) / wall.
   source_cpu_pct  CPU time spent inside the simulated source's snapshot() (poll worker thread,
@@ -190,6 +192,8 @@ def run_fleet(nodes: int, gpus_per_node: int, seconds: float, refresh_s: float, 
         "tick_ms_median": round(statistics.median(tick), 2) if tick else None,
         "tick_ms_p95": round(percentile(tick, 0.95), 2),
         "tick_ms_max": round(max(tick), 2) if tick else None,
+        "apply_cpu_ms_median": round(statistics.median([t["apply_cpu_ms"] for t in window]), 2) if window else None,
+        "paint_cpu_ms_median": round(statistics.median([t["paint_cpu_ms"] for t in window]), 2) if window else None,
         "tick_cpu_ms_median": round(statistics.median(tick_cpu), 2) if tick_cpu else None,
         "tick_cpu_ms_p95": round(percentile(tick_cpu, 0.95), 2),
         "paints_per_poll_median": statistics.median([t["paints"] for t in window]) if window else None,

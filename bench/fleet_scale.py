@@ -24,7 +24,9 @@ In-process (this process, gpuctl.fleet.client.FleetClient kept open like the con
               (SshTransport.channel_open_s; median of 10): the node side of a command
 And `bench/console.py --nodes 512 --no-baseline` (a child process): the console's UI tick at
 4096 GPUs on the in-process simulated source (target p95 < 50 ms).
-Ratios: status over SSH at N / at N = 1 (target at 64: <= 2x).
+Ratios: status over SSH at N / at N = 1 (target at 64: <= 2x). With each status run also the
+CLI's CPU seconds (getrusage of children) and sshd's (its per-connection children's CPU,
+/proc/PID/stat cutime + cstime): client and server share this machine's CPUs.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -42,7 +45,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "tests"):
+for p in (ROOT, ROOT / "tests" / "support"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
@@ -97,27 +100,67 @@ def write_config(path: Path, socks: list[Path], transport: str) -> None:
     path.write_text("\n".join(lines))
 
 
+#: The last cli() call's client CPU seconds (user + system of the CLI process: getrusage of children).
+LAST_CLIENT_CPU_S = [0.0]
+
+
+def _children_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def sshd_children_cpu_s(pid: int | None) -> float | None:
+    """CPU seconds (user + system) of the exited children of sshd `pid` (its per-connection
+    processes, reaped by the listener): /proc/PID/stat cutime + cstime. None when unreadable."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def cli(args: list[str], env: dict[str, str] | None = None, timeout_s: float = 600) -> tuple[float, int, str, str]:
-    """(wall seconds, exit status, stdout, stderr) of one `python -m gpuctl.cli ARGS`."""
+    """(wall seconds, exit status, stdout, stderr) of one `python -m gpuctl.cli ARGS`; its CPU
+    seconds in LAST_CLIENT_CPU_S[0]."""
     full = dict(os.environ, PYTHONPATH=str(ROOT), SSH_AUTH_SOCK="", **(env or {}))
+    c0 = _children_cpu_s()
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "gpuctl.cli", *args], capture_output=True, text=True, env=full,
                        timeout=timeout_s, stdin=subprocess.DEVNULL)
-    return time.perf_counter() - t0, p.returncode, p.stdout, p.stderr
+    wall = time.perf_counter() - t0
+    LAST_CLIENT_CPU_S[0] = _children_cpu_s() - c0
+    return wall, p.returncode, p.stdout, p.stderr
 
 
-def measure_status(base: list[str], runs: int, env: dict[str, str] | None = None) -> dict:
-    times, answered, codes = [], [], []
+def measure_status(base: list[str], runs: int, env: dict[str, str] | None = None, sshd_pid: int | None = None) -> dict:
+    """`status --json` `runs` times: wall (median), nodes answered, exit codes, the CLI's CPU
+    seconds (median) and, with sshd_pid, sshd's CPU seconds for the run's connections (median;
+    read 0.3 s after the CLI exits, once sshd has reaped its children)."""
+    times, answered, codes, client_cpu, server_cpu = [], [], [], [], []
     for _ in range(runs):
+        s0 = sshd_children_cpu_s(sshd_pid)
         wall, rc, out, err = cli([*base, "status", "--json"], env)
         codes.append(rc)
         times.append(wall)
+        client_cpu.append(LAST_CLIENT_CPU_S[0])
+        if s0 is not None:
+            time.sleep(0.3)
+            s1 = sshd_children_cpu_s(sshd_pid)
+            if s1 is not None:
+                server_cpu.append(s1 - s0)
         try:
             answered.append(sum(1 for n in json.loads(out)["nodes"] if n["reachable"]))
         except (ValueError, KeyError):
             answered.append(0)
-    return {"median_s": round(statistics.median(times), 3), "runs_s": [round(t, 3) for t in times],
-            "answered_min": min(answered), "exit_codes": codes}
+    res = {"median_s": round(statistics.median(times), 3), "runs_s": [round(t, 3) for t in times],
+           "answered_min": min(answered), "exit_codes": codes,
+           "client_cpu_s_median": round(statistics.median(client_cpu), 3)}
+    if server_cpu:
+        res["sshd_cpu_s_median"] = round(statistics.median(server_cpu), 3)
+    return res
 
 
 def measure_cached(base: list[str], runs: int, runtime: Path) -> dict:
@@ -252,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
                     cfg = root / f"fleet-{transport}-{n}.toml"
                     write_config(cfg, socks[:n], transport)
                     base = ["--config", str(cfg), *(ssh_opts if transport == "ssh" else [])]
-                    r[f"status_{transport}"] = measure_status(base, a.runs)
+                    r[f"status_{transport}"] = measure_status(
+                        base, a.runs, sshd_pid=sshd.proc.pid if transport == "ssh" else None)
                     if transport == "ssh" and not a.no_bridge_baseline:
                         r["status_ssh_bridge"] = measure_status(base, a.runs, {"GPUCTL_SSH_CHANNELS": "bridge"})
                     if transport == "ssh":
@@ -295,6 +339,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['status_local']['median_s']:>12.2f}s {r['status_local']['ratio_vs_smallest']:>5.2f}x "
               f"{r['poll_ssh']['median_s']:>8.3f}s {r['poll_local']['median_s']:>10.3f}s "
               f"{r['reassign_ssh']['median_s']:>12.2f}s {r['reassign_local']['median_s']:>14.2f}s")
+    cores = os.cpu_count() or 1
+    for n, r in results["sizes"].items():
+        st = r["status_ssh"]
+        if "sshd_cpu_s_median" in st:
+            cpu = st["client_cpu_s_median"] + st["sshd_cpu_s_median"]
+            print(f"  N={n}: status over SSH used {st['client_cpu_s_median']:.2f} s client CPU + "
+                  f"{st['sshd_cpu_s_median']:.2f} s sshd CPU (both on this machine: >= {cpu / cores:.2f} s of wall "
+                  f"on {cores} CPUs even perfectly parallel)")
     ct = results.get("console_tick_4096_gpus")
     if ct and "error" not in ct:
         print(f"  console UI tick at {ct['gpus']} GPUs (simulated source): median {ct['tick_ms_median']} ms, "

@@ -88,6 +88,7 @@ def _fail(code: int, message: str, as_json: bool) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `gpuctl`; returns the exit code (ExitCode). With `--json`, every error is also
     a JSON document on stdout: ``{"error": {"code", "name", "message"}}``."""
+    from_process_argv = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     named = verb_of(argv)
     as_json = _wants_json(argv)
@@ -97,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = str(exc)  # "gpuctl: ..." or "gpuctl VERB: ..." (argparse's prog)
         return _fail(ExitCode.USAGE, msg.removeprefix("gpuctl: ").removeprefix("gpuctl "), as_json)
     verb = args.verb or "console"
+    args.process_entry = from_process_argv  # this process is the command (see context.open_fleet)
     as_json = bool(getattr(args, "json", False))
     if getattr(args, "verbose", False) and verb not in ("console", "demo"):  # the console owns the terminal
         from gpuctl.verbose import enable_verbose

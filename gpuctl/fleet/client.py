@@ -76,6 +76,17 @@ def default_transport_factory(**options: Any) -> TransportFactory:
     return factory
 
 
+def preload_transports(config: FleetConfig) -> None:
+    """Import the transport modules `config`'s nodes use now (SSH: paramiko and httpx, ~0.1 s),
+    rather than in the first node's fan-out thread while the others wait on the import lock."""
+    kinds = {getattr(n, "transport", "ssh") for n in config.nodes}
+    if "ssh" in kinds:
+        import gpuctl.transport.conncache  # noqa: F401 - imported for its side effect: loaded
+        import gpuctl.transport.ssh  # noqa: F401
+    if "local" in kinds:
+        import gpuctl.transport.local  # noqa: F401
+
+
 class NodeClient:
     """The control-API client of one node, holding its one persistent transport.
 

@@ -29,6 +29,7 @@ from gpuctl import model
 from gpuctl.screens.base import GpuctlScreen
 from gpuctl.widgets.fleet_rows import FleetRow, Layout, filter_rows, layout_cells, layout_for
 from gpuctl.widgets.fleet_table import FleetTable
+from gpuctl.widgets.fleet_view import FleetViewSpec
 
 #: Cells of the terminal width the table cannot use (its vertical scrollbar).
 SCROLLBAR_CELLS = 1
@@ -57,8 +58,33 @@ def set_cells(table: DataTable, changes: list[tuple[str, list[tuple[str, Text]]]
         row = data[row_key]
         for col_key, value in cells:
             row[column_keys.get(col_key) or ColumnKey(col_key)] = value
-    table._update_count += 1
-    table.refresh()
+    _cells_changed(table)
+
+
+def _cells_changed(table: DataTable) -> None:
+    """After cell values were written into the table's store: its update counter moved on and
+    one refresh (FleetTable.cells_changed keeps the row order it computed)."""
+    if isinstance(table, FleetTable):
+        table.cells_changed()
+    else:
+        table._update_count += 1
+        table.refresh()
+
+
+def replace_rows(table: DataTable, rows: dict[str, dict]) -> None:
+    """Replace whole rows of `table`: {row key: {column key: value} for every column}, as built
+    off the UI thread (gpuctl.widgets.fleet_view), in one ``dict.update`` of the table's cell
+    store, then refresh it once; never resizing columns. Without that store (another Textual
+    version) each cell goes through set_cells."""
+    if not rows:
+        return
+    data = getattr(table, "_data", None)
+    if not isinstance(data, dict) or not hasattr(table, "_update_count"):
+        set_cells(table, [(key, [(getattr(c, "value", c), v) for c, v in cells.items()])
+                          for key, cells in rows.items()])
+        return
+    data.update(rows)
+    _cells_changed(table)
 
 
 class FleetScreen(GpuctlScreen):
@@ -80,6 +106,8 @@ class FleetScreen(GpuctlScreen):
         self._keys: list[str] = []
         self._cells: dict[str, tuple[Text, ...]] = {}
         self._rows: dict[str, FleetRow] = {}
+        # the FleetView (seq) whose cells the table holds; None when it holds other cells
+        self._view_seq: int | None = None
 
     def compose_body(self) -> ComposeResult:
         yield FleetTable(
@@ -117,11 +145,23 @@ class FleetScreen(GpuctlScreen):
         self.table_layout = layout
         self._keys = []
         self._cells = {}
+        self._view_seq = None
 
     # -- rendering ------------------------------------------------------------------------------
 
     def palette_changed(self) -> None:
         self._keys = []  # force a rebuild with the new colors
+        self._view_seq = None
+
+    def _view_spec(self, layout: Layout) -> FleetViewSpec:
+        """The spec of what this screen shows now, also handed to the poll worker (host
+        fleet_view_spec), which builds the next polls' views for it."""
+        spec = self.host.fleet_view_spec
+        if spec is None or spec.layout is not layout or spec.filter_text != self.filter_text:
+            keys = {key.value: key for key in self.table.columns}
+            spec = FleetViewSpec(self.filter_text, layout, tuple(keys.get(k) or ColumnKey(k) for k in layout.keys))
+            self.host.fleet_view_spec = spec
+        return spec
 
     def show_snapshot(self, snapshot: model.FleetSnapshot) -> None:
         app = self.app
@@ -134,26 +174,24 @@ class FleetScreen(GpuctlScreen):
             # counts this screen as visible: catch up when it is shown again (on_screen_resume)
             self._stale = True
             return
-        rows = filter_rows(app.rows_for(snapshot), self.filter_text, app.palette)
-        keys = [r.key for r in rows]
+        spec = self._view_spec(layout)
+        view = self.host.fleet_view_for(snapshot)
+        if view is not None and (view.spec != spec or view.palette is not app.palette):
+            view = None
         table = self.table
         with app.batch_update():
-            if keys != self._keys:
-                self._rebuild(table, rows, layout)
+            if view is not None and view.keys == self._keys and view.base_seq is not None \
+                    and view.base_seq == self._view_seq:
+                # built, filtered, laid out and diffed in the poll worker against what the
+                # table holds: write the changed rows whole
+                replace_rows(table, view.changed_rows)
+                rows, self._cells = view.rows, view.cells
             else:
-                column_keys = layout.keys
-                changes = []
-                old_cells = self._cells
-                for row in rows:
-                    new = layout_cells(row, layout)
-                    # cells are interned: a changed cell is another object (C-level loop: this
-                    # runs for every row of every poll)
-                    flags = list(map(is_not, new, old_cells[row.key]))
-                    if any(flags):
-                        changes.append((row.key, list(compress(zip(column_keys, new), flags))))
-                        old_cells[row.key] = new
-                set_cells(table, changes)
-            self._rows = {r.key: r for r in rows}
+                rows = view.rows if view is not None else filter_rows(app.rows_for(snapshot), self.filter_text,
+                                                                      app.palette)
+                self._show_rows(table, rows, layout, view.cells if view is not None else None)
+            self._view_seq = view.seq if view is not None else None
+            self._rows = view.rows_by_key if view is not None else {r.key: r for r in rows}
             empty = self.query_one("#fleet-empty", Static)
             if not rows:
                 empty.update(
@@ -163,6 +201,29 @@ class FleetScreen(GpuctlScreen):
                 )
             empty.display = not rows
             self._show_down(snapshot)
+
+    def _show_rows(self, table: DataTable, rows: list[FleetRow], layout: Layout,
+                   cells: dict[str, tuple[Text, ...]] | None) -> None:
+        """Put `rows` in the table: rebuilt when the set or order of rows changed, else only the
+        changed cells written. cells: each row's layout cells when already built (a FleetView's)."""
+        keys = [r.key for r in rows]
+        if keys != self._keys:
+            self._rebuild(table, rows, layout, cells)
+            return
+        column_keys = layout.keys
+        changes = []
+        old_cells = self._cells
+        new_cells = dict(old_cells)  # a view's cells dict may be the one held: never written in place
+        for row in rows:
+            new = cells[row.key] if cells is not None else layout_cells(row, layout)
+            # cells are interned: a changed cell is another object (C-level loop: this
+            # runs for every row of every poll)
+            flags = list(map(is_not, new, old_cells[row.key]))
+            if any(flags):
+                changes.append((row.key, list(compress(zip(column_keys, new), flags))))
+                new_cells[row.key] = new
+        self._cells = new_cells
+        set_cells(table, changes)
 
     def _show_down(self, snapshot: model.FleetSnapshot) -> None:
         """Under the table, each node that did not answer with its whole reason (its row has the
@@ -176,13 +237,14 @@ class FleetScreen(GpuctlScreen):
             line.update(text)
         line.display = bool(down)
 
-    def _rebuild(self, table: DataTable, rows: list[FleetRow], layout: Layout) -> None:
+    def _rebuild(self, table: DataTable, rows: list[FleetRow], layout: Layout,
+                 built: dict[str, tuple[Text, ...]] | None = None) -> None:
         cursor_key = self._cursor_after_rebuild or self.cursor_key()
         self._cursor_after_rebuild = None
         table.clear(columns=False)
         self._cells = {}
         for row in rows:
-            cells = layout_cells(row, layout)
+            cells = built[row.key] if built is not None else layout_cells(row, layout)
             table.add_row(*cells, key=row.key)
             self._cells[row.key] = cells
         self._keys = [r.key for r in rows]

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from gpuctl import model
     from gpuctl.fleet.source import FleetSource
+    from gpuctl.widgets.fleet_view import FleetView, FleetViewSpec
     from gpuctl.widgets.palette import Palette
 
 
@@ -23,6 +24,12 @@ class ConsoleHost(Protocol):
     snapshot: model.FleetSnapshot | None
     palette: Palette | None
     readonly: bool
+    #: What the fleet screen shows (set by it; the poll worker builds each poll's view for it).
+    fleet_view_spec: FleetViewSpec | None
+
+    def fleet_view_for(self, snapshot: model.FleetSnapshot) -> FleetView | None:
+        """The fleet table's view the poll worker built for `snapshot` (gpuctl.widgets.fleet_view),
+        None when it built none for that snapshot; check its spec and palette before use."""
 
     def poll(self) -> None:
         """Poll the fleet now (the next poll is scheduled when it finished)."""

@@ -16,6 +16,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from gpuctl.transport.filememo import FileMemo
+
 
 def _pattern_matches(name: str, pattern: str) -> bool:
     """ssh's match_pattern: only `*` (any run) and `?` (one character) are special; `[` is literal."""
@@ -118,6 +120,12 @@ class KnownHosts:
 
     @staticmethod
     def _read(path: str) -> list[KnownHostLine]:
+        """The usable lines of `path` ([] when missing); parsed once per process while the file is
+        unchanged (gpuctl.transport.filememo)."""
+        return list(_PARSED.get(path, lambda: (tuple(KnownHosts._parse(path)), (path,))))
+
+    @staticmethod
+    def _parse(path: str) -> list[KnownHostLine]:
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
                 raw = f.read().splitlines()
@@ -188,3 +196,7 @@ class KnownHosts:
             f.flush()
             os.fsync(f.fileno())
         self.lines = self._read(self.path) + [ln for p in self.extra_paths for ln in self._read(p)]
+
+
+#: Lines of known_hosts files read by this process (KnownHosts._read).
+_PARSED: FileMemo[tuple[KnownHostLine, ...]] = FileMemo()

@@ -47,6 +47,8 @@ import socket
 import subprocess
 from dataclasses import dataclass, field
 
+from gpuctl.transport.filememo import FileMemo
+
 #: OpenSSH's READCONF_MAX_DEPTH: deeper Include nesting is an error (usually a loop).
 MAX_INCLUDE_DEPTH = 16
 
@@ -598,11 +600,42 @@ def load_config(config_path: str | None = None, *, include_dir: str | None = Non
         if config_path is not None:
             raise SshConfigError(f"ssh config {path} does not exist")
         return SshConfig.empty()
-    try:
-        root = _parse_file(path, os.path.expanduser(include_dir or "~/.ssh"), 0)
-    except OSError as exc:
-        raise SshConfigError(f"cannot read ssh config {path}: {exc.strerror}") from exc
-    return SshConfig(root)
+    base = os.path.expanduser(include_dir or "~/.ssh")
+
+    def parse() -> tuple[SshConfig, list[str] | None]:
+        try:
+            root = _parse_file(path, base, 0)
+        except OSError as exc:
+            raise SshConfigError(f"cannot read ssh config {path}: {exc.strerror}") from exc
+        return SshConfig(root), _depends_on(root, base)
+
+    return _PARSED.get((path, base), parse)
+
+
+#: Parsed configs of this process, read again when a file they came from changes (gpuctl.transport.filememo).
+_PARSED: FileMemo[SshConfig] = FileMemo()
+
+
+def _depends_on(f: _File, include_dir: str) -> list[str] | None:
+    """The files `f` was read from (Includes too) and the directories its Include patterns glob in
+    (a file added there changes the directory's mtime); None (never remembered) when a pattern
+    globs in a directory name, whose new subdirectories no one stat watches."""
+    out = [f.path]
+    for item in f.items:
+        if isinstance(item, _Include):
+            for pattern in item.line.args:
+                pattern = os.path.expanduser(pattern)
+                full = pattern if os.path.isabs(pattern) else os.path.join(include_dir, pattern)
+                directory = os.path.dirname(full)
+                if re.search(r"[*?[]", directory):
+                    return None
+                out.append(directory)
+            for g in item.files:
+                more = _depends_on(g, include_dir)
+                if more is None:
+                    return None
+                out += more
+    return out
 
 
 def _seconds(value: str | None) -> float | None:

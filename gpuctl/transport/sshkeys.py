@@ -15,6 +15,8 @@ import re
 
 import paramiko
 
+from gpuctl.transport.filememo import FileMemo
+
 _OPENSSH_BEGIN = "-----BEGIN OPENSSH PRIVATE KEY-----"
 _OPENSSH_MAGIC = b"openssh-key-v1\x00"
 
@@ -115,12 +117,19 @@ def _encrypted_error(path: str) -> KeyLoadError:
 def load_private_key(path: str, passphrase: str | None = None) -> paramiko.PKey:
     """The private key in file `path` (RSA, ECDSA, Ed25519; OpenSSH or PEM format).
 
-    passphrase: for an encrypted key (str). Raises KeyLoadError: "key K is encrypted: give a
+    A key read without a passphrase is read once per process while the file is unchanged
+    (gpuctl.transport.filememo); errors are not remembered. passphrase: for an encrypted key (str). Raises KeyLoadError: "key K is encrypted: give a
     passphrase or use the agent" (encrypted, no passphrase); "key K uses a cipher this client cannot
     read: use the agent or re-encrypt it (...)" (e.g. aes256-gcm@openssh.com); "key K: wrong
     passphrase"; "key K does not exist"; "key K cannot be read: REASON"; "key K is not a private
     key this client can read: DETAIL".
     """
+    if passphrase:
+        return _load_private_key(path, passphrase)  # a decrypted key is not kept past its use
+    return _LOADED.get(path, lambda: (_load_private_key(path, None), (path,)))
+
+
+def _load_private_key(path: str, passphrase: str | None) -> paramiko.PKey:
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -158,3 +167,7 @@ def load_private_key(path: str, passphrase: str | None = None) -> paramiko.PKey:
         raise KeyLoadError(
             path, "format", f"key {path} is not a private key this client can read: {exc}"
         ) from exc
+
+
+#: Unencrypted private keys loaded by this process, by path (load_private_key).
+_LOADED: FileMemo[paramiko.PKey] = FileMemo()

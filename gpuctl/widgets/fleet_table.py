@@ -42,6 +42,8 @@ class FleetTable(DataTable):
         self._row_strips: dict[Any, tuple[tuple, tuple, Strip]] = {}
         # (zebra parity, base style, pseudo-class state) -> row style
         self._row_styles: dict[tuple, Style] = {}
+        # (row index, column index, row style, component style) -> a cell's style before its own
+        self._pre_styles: dict[tuple, Style] = {}
         # (widget style, columns, their render widths) while a paint runs (see render_lines)
         self._paint: tuple | None = None
         # DataTable's _update_count when its own render caches were last pruned (see render_lines)
@@ -52,6 +54,7 @@ class FleetTable(DataTable):
         self._cell_lines.clear()
         self._row_strips.clear()
         self._row_styles.clear()
+        self._pre_styles.clear()
 
     def clear(self, columns: bool = False) -> "FleetTable":
         self._forget_renders()
@@ -88,6 +91,25 @@ class FleetTable(DataTable):
                           self._line_cache):
                 cache.clear()
             new_segments_generation()
+
+    def cells_changed(self) -> None:
+        """Values of existing cells were replaced in the cell store (no row added, removed, moved
+        or resized): move DataTable's update counter on, as update_cell does, keeping the row
+        order and line offsets it computed for the old count. DataTable keys both on the counter
+        and rebuilds them over every row when it moves (~8 ms a poll at 4096 rows, for an order
+        that did not change). Then refresh once."""
+        old = self._update_count
+        try:
+            ordered = self._ordered_row_cache.get((self.row_count, old))
+            offsets = self._offset_cache.get(old)
+        except AttributeError:  # another Textual version: nothing to carry over
+            ordered = offsets = None
+        self._update_count = old + 1
+        if ordered is not None:
+            self._ordered_row_cache.set((self.row_count, old + 1), ordered)
+        if offsets is not None:
+            self._offset_cache.set(old + 1, offsets)
+        self.refresh()
 
     def render_lines(self, crop: Any) -> list[Strip]:
         self._prune_datatable_caches()
@@ -180,6 +202,7 @@ class FleetTable(DataTable):
         padding = self.cell_padding
         cell_variant = (row_index, row_style, component_style, post_style, padding)
         cell_lines = self._cell_lines
+        pre_styles = self._pre_styles
         console = self.app.console
         segments: list[Segment] = []
         for column_index, (cell, cell_width) in enumerate(zip(cells, widths)):
@@ -189,7 +212,14 @@ class FleetTable(DataTable):
                 segments.extend(hit[3])
                 continue
             if isinstance(cell, Text) and "\n" not in cell.plain:
-                pre_style = row_style + Style.from_meta({"row": row_index, "column": column_index}) + component_style
+                pre_key = (row_index, column_index, row_style, component_style)
+                pre_style = pre_styles.get(pre_key)
+                if pre_style is None:
+                    if len(pre_styles) >= PRE_STYLES_LIMIT:
+                        pre_styles.clear()
+                    pre_style = pre_styles[pre_key] = (
+                        row_style + Style.from_meta({"row": row_index, "column": column_index}) + component_style
+                    )
                 line = render_text_cell(cell, cell_width, padding, pre_style, post_style, console)
             else:
                 line = self._render_cell(row_index, column_index, row_style, cell_width, cursor, hover)[0]
@@ -204,7 +234,12 @@ class FleetTable(DataTable):
                 {"row": row_index, "column": 0, "out_of_bounds": True}
             )
             segments.append(Segment(" " * remaining, extend_style))
-        strip = Strip(line_crop(segments, x1, x2, width)).adjust_cell_length(width, base_style).simplify()
+        if x1 == 0 and x2 >= width and sum(widths) <= width:
+            # the whole row fits from its first cell: nothing to crop, the length is `width`
+            # (what the general path below gives, without its three intermediate Strips)
+            strip = Strip(list(Segment.simplify(segments)), width)
+        else:
+            strip = Strip(line_crop(segments, x1, x2, width)).adjust_cell_length(width, base_style).simplify()
         self._row_strips[key] = (variant, cells, strip)
         return strip
 
@@ -245,6 +280,9 @@ class FleetTable(DataTable):
         return [render_text_cell(cell, width, self.cell_padding, pre_style, post_style, self.app.console)]
 
 
+#: Bound on FleetTable's cache of cell styles by position (cleared when reached: ~57 rows x 12
+#: columns are on screen; scrolling through 4096 rows adds the rest).
+PRE_STYLES_LIMIT = 20_000
 #: Bound on one generation of the cache of cells' own segments (cleared when reached).
 BASE_SEGMENTS_LIMIT = 20_000
 # (id(cell), inner width) -> (cell, its segments cropped/padded to the width, unstyled by row).
