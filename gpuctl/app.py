@@ -41,6 +41,7 @@ from pathlib import Path
 
 from textual import events
 from textual.app import App
+from textual._compositor import LayoutUpdate
 from textual.binding import Binding
 from textual.reactive import var
 from textual.screen import ModalScreen
@@ -262,6 +263,20 @@ class GpuctlApp(PollingMixin, KeyOrderMixin, CommandsMixin, App[None]):
 
     async def action_quit(self) -> None:
         self.exit()
+
+    # -- frames on the terminal --------------------------------------------------------------------
+
+    def _display(self, screen, renderable) -> None:  # noqa: ANN001 - Textual's (Screen, RenderableType | None)
+        """Textual's App._display (write a frame of the top screen to the terminal), then tell
+        the screen (its `frame_shown(full)`, when it has one: gpuctl.screens.confirm.ArmedModal)
+        that a frame of it reached the terminal. A frame composed inside a batch update is dropped
+        by Textual (nothing written): not reported. tests/console/test_textual_pins.py pins it."""
+        dropped = renderable is None or bool(self._batch_count)
+        super()._display(screen, renderable)
+        if not dropped:
+            shown = getattr(screen, "frame_shown", None)
+            if callable(shown):
+                shown(isinstance(renderable, LayoutUpdate))
 
     # -- terminal input and crashes ----------------------------------------------------------------
 

@@ -1,9 +1,16 @@
 """Confirmation dialogs that cannot be confirmed unseen, and the plain yes/no one.
 
-:class:`ArmedModal`: a GpuctlModal whose confirming keys count only once the dialog has been drawn
-and CONFIRM_ARM_S has passed (:attr:`ArmedModal.armed`): a key typed while the dialog was still
-being built (a blind Enter) is dropped and counted, never acted on. The board's move dialog and
-:class:`ConfirmScreen` (lease release and renew) are ArmedModals.
+:class:`ArmedModal`: a GpuctlModal whose confirming keys count only once a whole frame of the
+dialog has been handed to the terminal and CONFIRM_ARM_S has passed since (:attr:`ArmedModal.armed`):
+a key typed while the dialog was not yet on the terminal (a blind Enter) is dropped and counted,
+never acted on. "Painted" is the app's report, not a guess: gpuctl.app.GpuctlApp calls
+:meth:`ArmedModal.frame_shown` each time it writes a frame of the top screen to the terminal
+(App._display); a frame Textual drops (composed inside app.batch_update / Widget.batch, when
+App._display writes nothing) does not count. Before, the clock started from a
+call_after_refresh callback, which Textual runs on the screen's next idle whether or not a frame
+reached the terminal (also inside a batch, when the frame is dropped), and up to ~0.25 s after the
+frame on a loaded machine (then a `y` typed at the dialog it could see was dropped).
+The board's move dialog and :class:`ConfirmScreen` (lease release and renew) are ArmedModals.
 
 :class:`ConfirmScreen` dismisses with True (y, Enter on its first button) or False (n, Escape).
 """
@@ -20,7 +27,7 @@ from textual.widgets import Button, Static
 
 from gpuctl.screens.base import GpuctlModal
 
-#: A dialog is confirmable only this long (seconds) after it was first drawn.
+#: A dialog is confirmable only this long (seconds) after its first whole frame reached the terminal.
 CONFIRM_ARM_S = 0.3
 
 CONFIRM_CSS = """
@@ -42,21 +49,31 @@ class ArmedModal(GpuctlModal):
 
     def __init__(self, name: str | None = None, id: str | None = None, classes: str | None = None):
         super().__init__(name=name, id=id, classes=classes)
-        self._drawn_at: float | None = None
+        #: time.monotonic() (s) when the first whole frame of the dialog was handed to the
+        #: terminal; None while none was.
+        self.painted_at: float | None = None
+        #: Frames of this screen handed to the terminal (whole or partial).
+        self.frames_shown = 0
         #: Confirming keys dropped because the dialog was not yet seen (tests read it).
         self.unseen_keys_dropped = 0
 
-    def on_mount(self) -> None:
-        self.call_after_refresh(self._drawn)
+    def frame_shown(self, full: bool) -> None:
+        """The app wrote a frame of this screen (the top one) to the terminal; `full`: the whole
+        screen (Textual's LayoutUpdate), else changed lines only. The first full frame after the
+        dialog was laid out starts the CONFIRM_ARM_S clock."""
+        self.frames_shown += 1
+        if self.painted_at is None and full and self._dialog_laid_out():
+            self.painted_at = time.monotonic()
 
-    def _drawn(self) -> None:
-        if self._drawn_at is None:
-            self._drawn_at = time.monotonic()
+    def _dialog_laid_out(self) -> bool:
+        """Do the dialog's widgets have their places (so a full frame shows them)?"""
+        return any(child.region for child in self.children)
 
     @property
     def armed(self) -> bool:
-        """Has the dialog been on the screen for CONFIRM_ARM_S (may it be confirmed)?"""
-        return self._drawn_at is not None and time.monotonic() - self._drawn_at >= CONFIRM_ARM_S
+        """Has a whole frame of the dialog been on the terminal for CONFIRM_ARM_S (may it be
+        confirmed)?"""
+        return self.painted_at is not None and time.monotonic() - self.painted_at >= CONFIRM_ARM_S
 
     def dropped_unseen(self) -> None:
         self.unseen_keys_dropped += 1
@@ -85,7 +102,7 @@ class ConfirmScreen(ArmedModal):
                 yield Button(f"{self.yes_label} (y)", id="yes", variant="primary")
                 yield Button("Cancel (n)", id="no")
 
-    def on_mount(self) -> None:  # ArmedModal.on_mount runs too (Textual calls each class's)
+    def on_mount(self) -> None:
         self.query_one("#yes", Button).focus()
 
     @on(Button.Pressed)

@@ -733,6 +733,41 @@ async def test_a_blind_confirmation_typed_before_the_dialog_was_drawn_never_move
         assert owners(source)[idle.id] == "training"
 
 
+async def test_the_move_dialog_arms_only_after_a_whole_frame_of_it_reached_the_terminal(source):
+    """Issue 9 item 3, the mechanism: Textual drops a frame composed inside a batch update (a
+    Footer recompose, Widget.batch) and still runs call_after_refresh callbacks. The dialog used to
+    start its arming clock from such a callback, so it armed while none of its frames had reached
+    the terminal, and a `y` then moved unseen. Now the clock starts at the first whole frame the
+    app wrote (GpuctlApp._display -> ArmedModal.frame_shown)."""
+    import asyncio
+
+    from textual import events
+
+    from gpuctl.screens.confirm import CONFIRM_ARM_S
+
+    app = make_app(source)
+    idle = find(source, department=model.UNASSIGNED, leased=False)[0]
+    before = owners(source)
+    async with app.run_test(size=SIZE) as pilot:
+        board = await open_board(app, pilot)
+        async with board.batch():  # every frame composed meanwhile is dropped by Textual
+            board.propose_move([board._views[idle.id]], "training")
+            await asyncio.sleep(CONFIRM_ARM_S * 3)
+            dialog = app.screen
+            assert isinstance(dialog, MoveConfirmScreen)
+            assert not dialog.armed  # (armed here before: nothing of it was on the terminal)
+            app.post_message(events.Key("y", "y"))
+            await asyncio.sleep(0.2)
+            assert dialog.unseen_keys_dropped == 1 and app.screen is dialog
+            assert dialog.painted_at is None and dialog.frames_shown == 0
+        assert owners(source) == before and board.moving == {}
+        await wait_armed(app, pilot)  # the batch is over: the dialog is drawn, then armed
+        assert dialog.painted_at is not None and dialog.frames_shown >= 1
+        await pilot.press("y")
+        await settle(app, pilot)
+        assert owners(source)[idle.id] == "training"
+
+
 async def test_readonly_footer_offers_no_move_and_no_drag_hint(source):
     from textual.widgets import Static
 
