@@ -1,6 +1,7 @@
-"""What gpuctl's key ordering takes from Textual beyond its public API, pinned: when an upgrade
-changes it, this fails with a message naming gpuctl/app.py (GpuctlApp.call_later), instead of keys
-quietly acting out of order."""
+"""What gpuctl takes from Textual beyond its public API, pinned: when an upgrade changes it, this
+fails with a message naming gpuctl/app.py (GpuctlApp.call_later: key ordering; GpuctlApp._display:
+when a dialog's frame reached the terminal), instead of keys quietly acting out of order or a
+confirmation arming unseen."""
 
 from __future__ import annotations
 
