@@ -3,8 +3,9 @@
 `build_app(source, readonly=..., theme=...)` is the one factory the CLI and the tests use.
 
 The app is this shell (themes, screens installed, size, check_action, terminal driver, crashes)
-plus three mixins in gpuctl/console/: polling.py (the poll loop below), keys.py (keys in the order
-typed: the `:` bar, `/`, held keys) and commands.py (the `:` interpreter and navigation).
+plus four mixins in gpuctl/console/: polling.py (the poll loop below), keys.py (keys in the order
+typed: the `:` bar, `/`, held keys), commands.py (the `:` interpreter and navigation) and
+frame_ack.py (when a frame has really reached the terminal: the move confirmation arms then).
 
 Data flow: a thread worker (group "poll") calls source.snapshot() (blocking, network) and posts
 SnapshotArrived; the UI thread stores it in the `snapshot` var, appends each GPU's SM utilization
@@ -41,7 +42,6 @@ from pathlib import Path
 
 from textual import events
 from textual.app import App
-from textual._compositor import LayoutUpdate
 from textual.binding import Binding
 from textual.reactive import var
 from textual.screen import ModalScreen
@@ -50,6 +50,7 @@ from textual.widgets import Input
 
 from gpuctl import model
 from gpuctl.console.commands import CommandsMixin
+from gpuctl.console.frame_ack import FrameAckMixin
 from gpuctl.console.keys import KeyOrderMixin
 from gpuctl.console.polling import SPARK_POINTS, PollFailed, PollingMixin, SnapshotArrived  # noqa: F401 - gpuctl.app's names
 from gpuctl.fleet.source import FleetSource
@@ -81,7 +82,7 @@ CONSOLE_GC_THRESHOLD = (700, 10, 100)
 #: The actions of the app's own keys (GpuctlApp.BINDINGS, all priority bindings).
 KEY_ACTIONS = ("quit", "command_bar", "filter", "help", "refresh", "leases", "depts")
 
-class GpuctlApp(PollingMixin, KeyOrderMixin, CommandsMixin, App[None]):
+class GpuctlApp(FrameAckMixin, PollingMixin, KeyOrderMixin, CommandsMixin, App[None]):
     """The console. source: where the fleet comes from (called only from thread workers).
     readonly: no changing actions, READ-ONLY badge in the header. theme: a registered theme name
     (None: gpuctl-dark; UnknownThemeError listing the known names otherwise). refresh_s: seconds
@@ -263,20 +264,6 @@ class GpuctlApp(PollingMixin, KeyOrderMixin, CommandsMixin, App[None]):
 
     async def action_quit(self) -> None:
         self.exit()
-
-    # -- frames on the terminal --------------------------------------------------------------------
-
-    def _display(self, screen, renderable) -> None:  # noqa: ANN001 - Textual's (Screen, RenderableType | None)
-        """Textual's App._display (write a frame of the top screen to the terminal), then tell
-        the screen (its `frame_shown(full)`, when it has one: gpuctl.screens.confirm.ArmedModal)
-        that a frame of it reached the terminal. A frame composed inside a batch update is dropped
-        by Textual (nothing written): not reported. tests/console/test_textual_pins.py pins it."""
-        dropped = renderable is None or bool(self._batch_count)
-        super()._display(screen, renderable)
-        if not dropped:
-            shown = getattr(screen, "frame_shown", None)
-            if callable(shown):
-                shown(isinstance(renderable, LayoutUpdate))
 
     # -- terminal input and crashes ----------------------------------------------------------------
 

@@ -1,15 +1,14 @@
 """Confirmation dialogs that cannot be confirmed unseen, and the plain yes/no one.
 
-:class:`ArmedModal`: a GpuctlModal whose confirming keys count only once a whole frame of the
-dialog has been handed to the terminal and CONFIRM_ARM_S has passed since (:attr:`ArmedModal.armed`):
-a key typed while the dialog was not yet on the terminal (a blind Enter) is dropped and counted,
-never acted on. "Painted" is the app's report, not a guess: gpuctl.app.GpuctlApp calls
-:meth:`ArmedModal.frame_shown` each time it writes a frame of the top screen to the terminal
-(App._display); a frame Textual drops (composed inside app.batch_update / Widget.batch, when
-App._display writes nothing) does not count. Before, the clock started from a
-call_after_refresh callback, which Textual runs on the screen's next idle whether or not a frame
-reached the terminal (also inside a batch, when the frame is dropped), and up to ~0.25 s after the
-frame on a loaded machine (then a `y` typed at the dialog it could see was dropped).
+:class:`ArmedModal`: a GpuctlModal whose confirming keys count only once the terminal has drawn a
+whole frame of the dialog and CONFIRM_ARM_S has passed since (:attr:`ArmedModal.armed`): a key
+typed while the dialog was not yet on the terminal (a blind Enter) is dropped and counted, never
+acted on. "Drawn" is the terminal's word, not a guess: the app reports each frame it writes
+(:meth:`ArmedModal.frame_written`) and, for the dialog's first whole frame, asks the terminal to
+answer once it has drawn it (:meth:`ArmedModal.frame_acknowledged`; gpuctl.console.frame_ack).
+Before, the clock started from a call_after_refresh callback: it ran on the screen's next idle
+whether or not a frame was written (also inside a batch, when Textual drops the frame), up to
+~0.25 s after the frame on a loaded machine, and long before a slow terminal showed the frame.
 The board's move dialog and :class:`ConfirmScreen` (lease release and renew) are ArmedModals.
 
 :class:`ConfirmScreen` dismisses with True (y, Enter on its first button) or False (n, Escape).
@@ -49,20 +48,31 @@ class ArmedModal(GpuctlModal):
 
     def __init__(self, name: str | None = None, id: str | None = None, classes: str | None = None):
         super().__init__(name=name, id=id, classes=classes)
-        #: time.monotonic() (s) when the first whole frame of the dialog was handed to the
-        #: terminal; None while none was.
+        #: time.monotonic() (s) when the terminal had drawn the first whole frame of the dialog;
+        #: None while it had not.
         self.painted_at: float | None = None
-        #: Frames of this screen handed to the terminal (whole or partial).
-        self.frames_shown = 0
+        #: Frames of this screen the app wrote to the terminal (whole or changed lines only).
+        self.frames_written = 0
+        self._ack_pending = False
         #: Confirming keys dropped because the dialog was not yet seen (tests read it).
         self.unseen_keys_dropped = 0
 
-    def frame_shown(self, full: bool) -> None:
+    def frame_written(self, full: bool) -> bool:
         """The app wrote a frame of this screen (the top one) to the terminal; `full`: the whole
-        screen (Textual's LayoutUpdate), else changed lines only. The first full frame after the
-        dialog was laid out starts the CONFIRM_ARM_S clock."""
-        self.frames_shown += 1
-        if self.painted_at is None and full and self._dialog_laid_out():
+        screen (Textual's LayoutUpdate), else changed lines only. True: the app is to report when
+        the terminal has drawn it (frame_acknowledged): the first whole frame written once the
+        dialog was laid out."""
+        self.frames_written += 1
+        if self.painted_at is None and not self._ack_pending and full and self._dialog_laid_out():
+            self._ack_pending = True
+            return True
+        return False
+
+    def frame_acknowledged(self) -> None:
+        """The terminal has drawn the frame frame_written asked about: the CONFIRM_ARM_S clock
+        starts now."""
+        self._ack_pending = False
+        if self.painted_at is None:
             self.painted_at = time.monotonic()
 
     def _dialog_laid_out(self) -> bool:
@@ -71,7 +81,7 @@ class ArmedModal(GpuctlModal):
 
     @property
     def armed(self) -> bool:
-        """Has a whole frame of the dialog been on the terminal for CONFIRM_ARM_S (may it be
+        """Has the terminal shown a whole frame of the dialog for CONFIRM_ARM_S (may it be
         confirmed)?"""
         return self.painted_at is not None and time.monotonic() - self.painted_at >= CONFIRM_ARM_S
 

@@ -737,8 +737,8 @@ async def test_the_move_dialog_arms_only_after_a_whole_frame_of_it_reached_the_t
     """Issue 9 item 3, the mechanism: Textual drops a frame composed inside a batch update (a
     Footer recompose, Widget.batch) and still runs call_after_refresh callbacks. The dialog used to
     start its arming clock from such a callback, so it armed while none of its frames had reached
-    the terminal, and a `y` then moved unseen. Now the clock starts at the first whole frame the
-    app wrote (GpuctlApp._display -> ArmedModal.frame_shown)."""
+    the terminal, and a `y` then moved unseen. Now the clock starts once a whole frame the app wrote
+    was drawn (gpuctl.console.frame_ack; headless: at once)."""
     import asyncio
 
     from textual import events
@@ -759,10 +759,10 @@ async def test_the_move_dialog_arms_only_after_a_whole_frame_of_it_reached_the_t
             app.post_message(events.Key("y", "y"))
             await asyncio.sleep(0.2)
             assert dialog.unseen_keys_dropped == 1 and app.screen is dialog
-            assert dialog.painted_at is None and dialog.frames_shown == 0
+            assert dialog.painted_at is None and dialog.frames_written == 0
         assert owners(source) == before and board.moving == {}
         await wait_armed(app, pilot)  # the batch is over: the dialog is drawn, then armed
-        assert dialog.painted_at is not None and dialog.frames_shown >= 1
+        assert dialog.painted_at is not None and dialog.frames_written >= 1
         await pilot.press("y")
         await settle(app, pilot)
         assert owners(source)[idle.id] == "training"

@@ -1,6 +1,6 @@
 """What gpuctl takes from Textual beyond its public API, pinned: when an upgrade changes it, this
-fails with a message naming gpuctl/app.py (GpuctlApp.call_later: key ordering; GpuctlApp._display:
-when a dialog's frame reached the terminal), instead of keys quietly acting out of order or a
+fails with a message naming the gpuctl code that relies on it (gpuctl/app.py GpuctlApp.call_later:
+key ordering; gpuctl/console/frame_ack.py: when a dialog's frame reached the terminal), instead of keys quietly acting out of order or a
 confirmation arming unseen."""
 
 from __future__ import annotations
@@ -74,17 +74,17 @@ class _Frames(App):
 
 
 async def test_frames_pass_through_app_display_and_those_of_a_batch_are_composed_inside_it():
-    """gpuctl.app.GpuctlApp._display reports each frame written to the terminal to the screen
-    (ArmedModal.frame_shown arms the move confirmation on its first whole frame, a LayoutUpdate)
+    """gpuctl.console.frame_ack.FrameAckMixin._display reports each frame written to the terminal to the screen
+    (ArmedModal.frame_written: the move confirmation asks the terminal about its first whole frame, a LayoutUpdate)
     and treats a frame handed over inside a batch as dropped (Textual writes nothing then)."""
-    from textual._compositor import LayoutUpdate  # noqa: F401 - GpuctlApp._display's full-frame type
+    from textual._compositor import LayoutUpdate  # noqa: F401 - frame_ack's full-frame type
 
     app = _Frames()
     async with app.run_test(size=(40, 10)) as pilot:
         await pilot.pause()
         assert any(s is app.screen and kind == "LayoutUpdate" and not batch for s, kind, batch in app.frames), (
             "Textual no longer hands the top screen's frames to App._display as LayoutUpdate: "
-            f"GpuctlApp._display (gpuctl/app.py) cannot tell when a dialog was drawn; frames: {app.frames}")
+            f"FrameAckMixin._display (gpuctl/console/frame_ack.py) cannot tell when a dialog was drawn; frames: {app.frames}")
         app.frames.clear()
         pushed = ModalScreen()
         async with app.screen.batch():  # a screen pushed inside a batch: its first frame is dropped
@@ -92,4 +92,4 @@ async def test_frames_pass_through_app_display_and_those_of_a_batch_are_composed
             await asyncio.sleep(0.3)
         assert [(kind, batch) for s, kind, batch in app.frames if s is pushed][:1] == [("LayoutUpdate", True)], (
             "Textual no longer composes a frame of a screen pushed inside a batch (dropped by "
-            f"App._display): GpuctlApp._display's `dropped` rule needs a look; frames: {app.frames}")
+            f"App._display): FrameAckMixin._display's `dropped` rule needs a look; frames: {app.frames}")
