@@ -94,3 +94,68 @@ def test_pixel_mouse_with_a_cell_size_of_0_does_not_end_the_console(console):
     _keys(session, "sim-03", literal=True, pause_s=1.0)
     assert "sim-03" in capture(session)
     assert _quit(session, status) == 0
+
+
+# -- issue 9 item 3: a move is never confirmed unseen, also on a slow terminal ------------------------
+
+#: Output rate of the slow terminal (bytes/s): the move dialog takes ~1-2 s to reach the screen.
+SLOW_TERMINAL_BPS = 60_000
+
+
+@pytest.fixture
+def slow_console(tmp_path):
+    """`gpuctl demo` at 120x40 in tmux behind a pty that carries SLOW_TERMINAL_BPS of output
+    (tests/support/slow_tty.py); yields (session, file its exit status is written to)."""
+    name = f"gpuctl-slow-{uuid.uuid4().hex[:8]}"
+    status = tmp_path / "status"
+    slow_tty = ROOT / "tests" / "support" / "slow_tty.py"
+    cmd = (f"cd {ROOT} && {sys.executable} {slow_tty} {SLOW_TERMINAL_BPS} 120 40 env PYTHONPATH={ROOT}"
+           f" TERM=xterm-256color {sys.executable} -m gpuctl.cli demo --seed 3 ; echo $? > {status}; sleep 60")
+    tmux("new-session", "-d", "-s", name, "-x", "120", "-y", "40", cmd)
+    try:
+        wait_for(name, lambda s: "sim-01" in s and "%" in s, timeout_s=60)
+        yield name, status
+    finally:
+        subprocess.run(["tmux", "send-keys", "-t", name, "q"], capture_output=True)
+        time.sleep(2.0)
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+
+
+def _moved(screen: str) -> bool:
+    return "done: moved" in screen or " moving" in screen
+
+
+def test_a_blind_enter_never_confirms_a_move_the_terminal_has_not_shown(slow_console):
+    """Issue 9 item 3 as reported: m, pick a department, the confirmation does not appear (the
+    terminal lags behind the app's frames), Enter. The dialog appears within a bound (8 s at
+    SLOW_TERMINAL_BPS), the blind Enter does not move, and `y` typed at the dialog once it is
+    seen moves. Before the fix the blind Enter moved ("1 moving", no dialog)."""
+    session, status = slow_console
+    _keys(session, "d")
+    wait_for(session, lambda s: "departments" in s.splitlines()[0], timeout_s=20)
+    _keys(session, "Down")
+    blind_while_unseen = 0
+    for _ in range(3):
+        _keys(session, "m", pause_s=0)
+        wait_for(session, lambda s: "Move to department" in s, timeout_s=10)
+        _keys(session, "Enter", pause_s=0.9)  # pick the first department; the app has drawn the
+        # dialog (and armed it by its own clock, before the fix) but the terminal has not shown it
+        if "Move slices" not in capture(session):
+            blind_while_unseen += 1
+        _keys(session, "Enter", pause_s=0)  # blind: typed at what the terminal shows
+        wait_for(session, lambda s: "Move slices" in s, timeout_s=8)
+        time.sleep(2.0)  # a move confirmed by that Enter would show by now
+        screen = capture(session)
+        assert "Move slices" in screen and not _moved(screen), screen
+        _keys(session, "Escape", pause_s=0)
+        wait_for(session, lambda s: "Move slices" not in s, timeout_s=10)
+    assert blind_while_unseen >= 1, "the terminal never lagged: the condition was not reproduced"
+    # seen, then confirmed: it moves
+    _keys(session, "m", pause_s=0)
+    wait_for(session, lambda s: "Move to department" in s, timeout_s=10)
+    _keys(session, "Enter", pause_s=0)
+    wait_for(session, lambda s: "Move slices" in s and "Cancel (n)" in s, timeout_s=8)
+    time.sleep(1.5)
+    _keys(session, "y", pause_s=0)
+    wait_for(session, _moved, timeout_s=15)
+    assert _quit(session, status) == 0
