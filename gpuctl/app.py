@@ -151,6 +151,8 @@ class GpuctlApp(FrameAckMixin, PollingMixin, KeyOrderMixin, CommandsMixin, App[N
         self._holding = False
         self._hold_serial = 0
         self._held_keys: deque[events.Key] = deque()
+        #: Screens waiting for the terminal to answer that it drew their frame (console/frame_ack.py).
+        self._frame_acks: deque = deque()
         loaded = load_themes(theme_dirs)
         self.theme_errors = loaded.errors
         for err in loaded.errors:

@@ -6,6 +6,7 @@ Bytes in, human units out (binary: KiB, MiB, GiB = 1024**n bytes); N/A (None) is
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Iterable, Sequence
@@ -53,6 +54,7 @@ GPU_NAME_BRANDS = ("NVIDIA ", "GeForce ")
 GPU_NAME_TAILS = (" Generation",)
 
 
+@functools.lru_cache(maxsize=1024)  # a fleet has few distinct names; called per GPU per poll
 def compact_gpu_name(name: str) -> str:
     """The GPU name NVML reports (nvmlDeviceGetName, what nvidia-smi prints), short enough for a
     table column and still naming the model: the brand words "NVIDIA " and "GeForce " are dropped

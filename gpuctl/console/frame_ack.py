@@ -40,6 +40,8 @@ class FrameAckMixin:
     """App._display reports frames to the screen; terminal answers acknowledge them (see the
     module doc). State: `_frame_acks` (screens waiting for an answer, oldest first)."""
 
+    _frame_acks: deque
+
     def _display(self, screen, renderable) -> None:  # noqa: ANN001 - Textual's (Screen, RenderableType | None)
         dropped = renderable is None or bool(self._batch_count)
         super()._display(screen, renderable)  # type: ignore[misc]
@@ -51,7 +53,7 @@ class FrameAckMixin:
         if not self._writes_to_a_terminal():
             screen.frame_acknowledged()
             return
-        acks = self.__dict__.setdefault("_frame_acks", deque())
+        acks = self._frame_acks
         acks.append(screen)
         self._driver.write(CURSOR_POSITION_QUERY)  # after the frame, in the same output queue
 
@@ -68,6 +70,5 @@ class FrameAckMixin:
 
     def on_cursor_position(self, event: events.CursorPosition) -> None:
         """The terminal answered the oldest query: it has drawn every frame written before it."""
-        acks = self.__dict__.get("_frame_acks")
-        if acks:
-            acks.popleft().frame_acknowledged()
+        if self._frame_acks:
+            self._frame_acks.popleft().frame_acknowledged()
