@@ -768,6 +768,48 @@ async def test_the_move_dialog_arms_only_after_a_whole_frame_of_it_reached_the_t
         assert owners(source)[idle.id] == "training"
 
 
+async def test_on_a_terminal_the_move_dialog_waits_for_the_terminal_to_say_it_drew_it(source, monkeypatch):
+    """gpuctl.console.frame_ack: after the dialog's first whole frame the app asks the terminal for
+    the cursor position (DSR); the terminal answers once it has drawn everything before the query.
+    Until the answer (Textual's CursorPosition event) no confirmation counts; a terminal that never
+    answers arms the dialog after ACK_TIMEOUT_S."""
+    import asyncio
+
+    from textual import events
+
+    from gpuctl.console import frame_ack
+
+    app = make_app(source)
+    idle, other = find(source, department=model.UNASSIGNED, leased=False)[:2]
+    before = owners(source)
+    async with app.run_test(size=SIZE) as pilot:
+        board = await open_board(app, pilot)
+        written: list[str] = []
+        monkeypatch.setattr(app, "_writes_to_a_terminal", lambda: True)  # as if a terminal were there
+        monkeypatch.setattr(app._driver, "write", written.append)
+        board.propose_move([board._views[idle.id]], "training")
+        await asyncio.sleep(0.8)  # frames written, no answer yet: the terminal has not drawn it
+        dialog = app.screen
+        assert isinstance(dialog, MoveConfirmScreen)
+        assert written.count(frame_ack.CURSOR_POSITION_QUERY) == 1  # one query, after the first whole frame
+        assert dialog.frames_written >= 1 and dialog.painted_at is None and not dialog.armed
+        await pilot.press("y")
+        assert dialog.unseen_keys_dropped == 1 and owners(source) == before
+        app.post_message(events.CursorPosition(0, 0))  # the terminal's answer
+        await wait_armed(app, pilot)
+        await pilot.press("y")
+        await settle(app, pilot)
+        assert owners(source)[idle.id] == "training"
+        # a terminal that never answers: armed after ACK_TIMEOUT_S
+        monkeypatch.setattr(frame_ack, "ACK_TIMEOUT_S", 0.5)
+        board.propose_move([board._views[other.id]], "training")
+        await asyncio.sleep(0.3)
+        late = app.screen
+        assert isinstance(late, MoveConfirmScreen) and late is not dialog and not late.armed
+        await wait_armed(app, pilot)
+        assert late.painted_at is not None
+
+
 async def test_readonly_footer_offers_no_move_and_no_drag_hint(source):
     from textual.widgets import Static
 
