@@ -810,6 +810,42 @@ async def test_on_a_terminal_the_move_dialog_waits_for_the_terminal_to_say_it_dr
         assert late.painted_at is not None
 
 
+async def test_the_board_footer_is_not_rebuilt_under_the_move_dialog(source):
+    """The picker closing gives the board the focus back for a moment; its Footer used to be
+    rebuilt under the move confirmation pushed right after, and the board's new layout made the
+    dialog send 4 whole frames instead of 2 (each ~22 KB to the terminal). Covered, the footer is
+    only marked stale and is rebuilt when the board is on top again."""
+    from textual.widgets._footer import FooterKey
+
+    from gpuctl.screens.base import ScreenFooter
+
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        board = await open_board(app, pilot)
+        await pilot.pause()
+        full_frames: list[str] = []
+        display = app._display
+
+        def counting(screen, renderable):  # noqa: ANN001
+            if renderable is not None and isinstance(screen, MoveConfirmScreen):
+                full_frames.append(type(renderable).__name__)
+            display(screen, renderable)
+
+        app._display = counting
+        await pilot.press("m")
+        await pilot.pause(0.2)
+        await pilot.press("enter")  # the first department
+        await pilot.pause(0.6)
+        assert isinstance(app.screen, MoveConfirmScreen)
+        assert full_frames.count("LayoutUpdate") <= 2, full_frames
+        footer = board.query_one(ScreenFooter)
+        await pilot.press("escape")
+        await pilot.pause(0.3)
+        assert app.screen is board and not footer.stale
+        keys = {k.description for k in footer.query(FooterKey)}
+        assert "Move to…" in keys  # rebuilt once shown, with the board's keys
+
+
 async def test_readonly_footer_offers_no_move_and_no_drag_hint(source):
     from textual.widgets import Static
 
