@@ -3,11 +3,12 @@ confirmation arms only once the terminal has drawn it (issue 9 item 3).
 
 Textual writes a frame by queueing it for its output thread (App._display -> driver.write); the
 terminal draws it later: after the output thread, the pty and, over SSH, the network have carried
-it. The console writes ~22 KB per full frame at 120x40 and 5-6 full frames while the board's
-move dialog opens; on a terminal that takes ~100 KB/s (a loaded machine, a slow SSH link) the
-dialog reached the screen ~1 s after the app had "drawn" it, the screen looked frozen meanwhile,
-and an Enter typed at the old picture confirmed the move (reproduced in tmux behind a 100 KB/s
-pty: tests/integration/test_tmux_console.py).
+it. The console writes ~22 KB per full frame at 120x40, and the picker closing plus the move
+dialog opening took ~110 KB (4 whole frames of the dialog; 2 since gpuctl.screens.base.ScreenFooter);
+on a terminal that takes ~100 KB/s (a loaded machine, a slow SSH link) the dialog reached the
+screen ~1 s after the app had "drawn" it (0.5 s now), the screen looked frozen meanwhile, and an
+Enter typed at the old picture confirmed the move (reproduced in tmux behind a slow pty:
+tests/integration/test_tmux_console.py, tests/support/slow_tty.py).
 
 So, for a screen that asks (its `frame_written(full)` returns True: gpuctl.screens.confirm.ArmedModal
 until acknowledged), the app writes a cursor-position query (DSR, ``ESC [ 6 n``) right after the
