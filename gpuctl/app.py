@@ -3,8 +3,9 @@
 `build_app(source, readonly=..., theme=...)` is the one factory the CLI and the tests use.
 
 The app is this shell (themes, screens installed, size, check_action, terminal driver, crashes)
-plus three mixins in gpuctl/console/: polling.py (the poll loop below), keys.py (keys in the order
-typed: the `:` bar, `/`, held keys) and commands.py (the `:` interpreter and navigation).
+plus four mixins in gpuctl/console/: polling.py (the poll loop below), keys.py (keys in the order
+typed: the `:` bar, `/`, held keys), commands.py (the `:` interpreter and navigation) and
+frame_ack.py (when a frame has really reached the terminal: the move confirmation arms then).
 
 Data flow: a thread worker (group "poll") calls source.snapshot() (blocking, network) and posts
 SnapshotArrived; the UI thread stores it in the `snapshot` var, appends each GPU's SM utilization
@@ -49,6 +50,7 @@ from textual.widgets import Input
 
 from gpuctl import model
 from gpuctl.console.commands import CommandsMixin
+from gpuctl.console.frame_ack import FrameAckMixin
 from gpuctl.console.keys import KeyOrderMixin
 from gpuctl.console.polling import SPARK_POINTS, PollFailed, PollingMixin, SnapshotArrived  # noqa: F401 - gpuctl.app's names
 from gpuctl.fleet.source import FleetSource
@@ -80,7 +82,7 @@ CONSOLE_GC_THRESHOLD = (700, 10, 100)
 #: The actions of the app's own keys (GpuctlApp.BINDINGS, all priority bindings).
 KEY_ACTIONS = ("quit", "command_bar", "filter", "help", "refresh", "leases", "depts")
 
-class GpuctlApp(PollingMixin, KeyOrderMixin, CommandsMixin, App[None]):
+class GpuctlApp(FrameAckMixin, PollingMixin, KeyOrderMixin, CommandsMixin, App[None]):
     """The console. source: where the fleet comes from (called only from thread workers).
     readonly: no changing actions, READ-ONLY badge in the header. theme: a registered theme name
     (None: gpuctl-dark; UnknownThemeError listing the known names otherwise). refresh_s: seconds
@@ -149,6 +151,8 @@ class GpuctlApp(PollingMixin, KeyOrderMixin, CommandsMixin, App[None]):
         self._holding = False
         self._hold_serial = 0
         self._held_keys: deque[events.Key] = deque()
+        #: Screens waiting for the terminal to answer that it drew their frame (console/frame_ack.py).
+        self._frame_acks: deque = deque()
         loaded = load_themes(theme_dirs)
         self.theme_errors = loaded.errors
         for err in loaded.errors:

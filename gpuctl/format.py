@@ -6,6 +6,7 @@ Bytes in, human units out (binary: KiB, MiB, GiB = 1024**n bytes); N/A (None) is
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Iterable, Sequence
@@ -45,6 +46,31 @@ def fraction_label(fraction: float) -> str:
         if abs(fraction * d - round(fraction * d)) < 1e-9:
             return f"{round(fraction * d)}/{d}"
     return f"{fraction:g}"
+
+
+#: Brand words dropped from the front of a GPU name by compact_gpu_name (in this order).
+GPU_NAME_BRANDS = ("NVIDIA ", "GeForce ")
+#: Words dropped from the end of a GPU name by compact_gpu_name.
+GPU_NAME_TAILS = (" Generation",)
+
+
+@functools.lru_cache(maxsize=1024)  # a fleet has few distinct names; called per GPU per poll
+def compact_gpu_name(name: str) -> str:
+    """The GPU name NVML reports (nvmlDeviceGetName, what nvidia-smi prints), short enough for a
+    table column and still naming the model: the brand words "NVIDIA " and "GeForce " are dropped
+    from the front, and " Generation" from the end; everything else stays (memory size, form
+    factor, a MIG profile). "NVIDIA H100 80GB HBM3" -> "H100 80GB HBM3", "NVIDIA GeForce RTX 4090"
+    -> "RTX 4090", "NVIDIA RTX 6000 Ada Generation" -> "RTX 6000 Ada", "NVIDIA A100-SXM4-40GB MIG
+    1g.5gb" -> "A100-SXM4-40GB MIG 1g.5gb", "Tesla T4" -> "Tesla T4". Surrounding blanks are
+    stripped; a name that would become empty is returned stripped but whole."""
+    out = name.strip()
+    for brand in GPU_NAME_BRANDS:
+        if out.startswith(brand) and out[len(brand):].strip():
+            out = out[len(brand):].lstrip()
+    for tail in GPU_NAME_TAILS:
+        if out.endswith(tail) and out[: -len(tail)].strip():
+            out = out[: -len(tail)].rstrip()
+    return out
 
 
 def human_bytes(n: int | None) -> str:

@@ -39,6 +39,31 @@ from gpuctl.widgets.command_bar import CommandBar
 from gpuctl.widgets.header import FleetHeader
 
 
+class ScreenFooter(Footer):
+    """Textual's Footer, except that it is not rebuilt while its screen is covered by a dialog.
+
+    Textual's Footer recomposes (removes and re-mounts its keys, then the screen lays out again)
+    each time its screen's bindings change. The board's bindings change as the department picker
+    closes (the board gets the focus back for a moment) and the recompose then ran under the
+    move confirmation pushed right after: the board's new layout dirtied the whole screen below
+    the dialog, and the dialog re-sent two more whole frames (~22 KB each at 120x40) to a terminal
+    that had not yet drawn the first. Covered, the footer is only marked stale; it is rebuilt
+    when its screen is on top again (GpuctlScreen.on_screen_resume)."""
+
+    stale = False
+
+    async def recompose(self) -> None:
+        try:
+            covered = self.app.screen is not self.screen
+        except Exception:  # noqa: BLE001 - no screen stack (shutting down): let Textual decide
+            covered = False
+        if covered:
+            self.stale = True
+            return
+        self.stale = False
+        await super().recompose()
+
+
 class GpuctlScreen(Screen[None]):
     """Base screen; subclasses set VIEW (the header's view name) and implement compose_body and
     show_snapshot. Inside show_snapshot, `self.app.palette` holds the theme's resolved colors.
@@ -66,7 +91,7 @@ class GpuctlScreen(Screen[None]):
         yield from self.compose_body()
         if self._stack_exists():
             yield self._command_bar
-        yield Footer()
+        yield ScreenFooter()
 
     def _stack_exists(self) -> bool:
         try:
@@ -99,6 +124,9 @@ class GpuctlScreen(Screen[None]):
             return False
 
     def on_screen_resume(self) -> None:
+        for footer in self.query(ScreenFooter):
+            if footer.stale:  # on the footer's own queue: its compose binds to its reactives
+                footer.call_later(footer.recompose)
         if self._stale:
             self._data_changed()
 

@@ -1,9 +1,15 @@
 """Confirmation dialogs that cannot be confirmed unseen, and the plain yes/no one.
 
-:class:`ArmedModal`: a GpuctlModal whose confirming keys count only once the dialog has been drawn
-and CONFIRM_ARM_S has passed (:attr:`ArmedModal.armed`): a key typed while the dialog was still
-being built (a blind Enter) is dropped and counted, never acted on. The board's move dialog and
-:class:`ConfirmScreen` (lease release and renew) are ArmedModals.
+:class:`ArmedModal`: a GpuctlModal whose confirming keys count only once the terminal has drawn a
+whole frame of the dialog and CONFIRM_ARM_S has passed since (:attr:`ArmedModal.armed`): a key
+typed while the dialog was not yet on the terminal (a blind Enter) is dropped and counted, never
+acted on. "Drawn" is the terminal's word, not a guess: the app reports each frame it writes
+(:meth:`ArmedModal.frame_written`) and, for the dialog's first whole frame, asks the terminal to
+answer once it has drawn it (:meth:`ArmedModal.frame_acknowledged`; gpuctl.console.frame_ack).
+Before, the clock started from a call_after_refresh callback: it ran on the screen's next idle
+whether or not a frame was written (also inside a batch, when Textual drops the frame), up to
+~0.25 s after the frame on a loaded machine, and long before a slow terminal showed the frame.
+The board's move dialog and :class:`ConfirmScreen` (lease release and renew) are ArmedModals.
 
 :class:`ConfirmScreen` dismisses with True (y, Enter on its first button) or False (n, Escape).
 """
@@ -20,7 +26,7 @@ from textual.widgets import Button, Static
 
 from gpuctl.screens.base import GpuctlModal
 
-#: A dialog is confirmable only this long (seconds) after it was first drawn.
+#: A dialog is confirmable only this long (seconds) after its first whole frame reached the terminal.
 CONFIRM_ARM_S = 0.3
 
 CONFIRM_CSS = """
@@ -42,21 +48,42 @@ class ArmedModal(GpuctlModal):
 
     def __init__(self, name: str | None = None, id: str | None = None, classes: str | None = None):
         super().__init__(name=name, id=id, classes=classes)
-        self._drawn_at: float | None = None
+        #: time.monotonic() (s) when the terminal had drawn the first whole frame of the dialog;
+        #: None while it had not.
+        self.painted_at: float | None = None
+        #: Frames of this screen the app wrote to the terminal (whole or changed lines only).
+        self.frames_written = 0
+        self._ack_pending = False
         #: Confirming keys dropped because the dialog was not yet seen (tests read it).
         self.unseen_keys_dropped = 0
 
-    def on_mount(self) -> None:
-        self.call_after_refresh(self._drawn)
+    def frame_written(self, full: bool) -> bool:
+        """The app wrote a frame of this screen (the top one) to the terminal; `full`: the whole
+        screen (Textual's LayoutUpdate), else changed lines only. True: the app is to report when
+        the terminal has drawn it (frame_acknowledged): the first whole frame written once the
+        dialog was laid out."""
+        self.frames_written += 1
+        if self.painted_at is None and not self._ack_pending and full and self._dialog_laid_out():
+            self._ack_pending = True
+            return True
+        return False
 
-    def _drawn(self) -> None:
-        if self._drawn_at is None:
-            self._drawn_at = time.monotonic()
+    def frame_acknowledged(self) -> None:
+        """The terminal has drawn the frame frame_written asked about: the CONFIRM_ARM_S clock
+        starts now."""
+        self._ack_pending = False
+        if self.painted_at is None:
+            self.painted_at = time.monotonic()
+
+    def _dialog_laid_out(self) -> bool:
+        """Do the dialog's widgets have their places (so a full frame shows them)?"""
+        return any(child.region for child in self.children)
 
     @property
     def armed(self) -> bool:
-        """Has the dialog been on the screen for CONFIRM_ARM_S (may it be confirmed)?"""
-        return self._drawn_at is not None and time.monotonic() - self._drawn_at >= CONFIRM_ARM_S
+        """Has the terminal shown a whole frame of the dialog for CONFIRM_ARM_S (may it be
+        confirmed)?"""
+        return self.painted_at is not None and time.monotonic() - self.painted_at >= CONFIRM_ARM_S
 
     def dropped_unseen(self) -> None:
         self.unseen_keys_dropped += 1
@@ -85,7 +112,7 @@ class ConfirmScreen(ArmedModal):
                 yield Button(f"{self.yes_label} (y)", id="yes", variant="primary")
                 yield Button("Cancel (n)", id="no")
 
-    def on_mount(self) -> None:  # ArmedModal.on_mount runs too (Textual calls each class's)
+    def on_mount(self) -> None:
         self.query_one("#yes", Button).focus()
 
     @on(Button.Pressed)

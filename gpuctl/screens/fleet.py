@@ -6,8 +6,9 @@ cells that changed are written (cells are interned by gpuctl.widgets.fleet_rows,
 cell is a different object: the diff is by identity) and the table (a FleetTable: it re-renders
 only changed cells) is refreshed once; when the set differs (filter, node up/down) the table is
 rebuilt, keeping the cursor on the same GPU. Column widths are fixed per layout (never
-update_width=True); the layout (gpuctl.widgets.fleet_rows.LAYOUTS) is the widest that fits the
-terminal, and a resize that changes it rebuilds the columns.
+update_width=True); the layout (gpuctl.widgets.fleet_rows.layout_for) is the widest that fits the
+terminal with a GPU-name column as wide as the longest compact name in the snapshot, and a
+resize or a snapshot that changes it rebuilds the columns.
 `/` filters rows by node, department, GPU name, state, lease owner or UUID (case-insensitive
 substring); Escape clears the filter. Enter on a row opens the node's detail.
 """
@@ -27,7 +28,15 @@ from rich.text import Text
 
 from gpuctl import model
 from gpuctl.screens.base import GpuctlScreen
-from gpuctl.widgets.fleet_rows import FleetRow, Layout, filter_rows, layout_cells, layout_for
+from gpuctl.widgets.fleet_rows import (
+    NAME_DEFAULT_WIDTH,
+    FleetRow,
+    Layout,
+    filter_rows,
+    layout_cells,
+    layout_for,
+    name_width,
+)
 from gpuctl.widgets.fleet_table import FleetTable
 from gpuctl.widgets.fleet_view import FleetViewSpec
 
@@ -102,6 +111,9 @@ class FleetScreen(GpuctlScreen):
         super().__init__(id="fleet")
         self.filter_text = ""
         self.table_layout: Layout | None = None
+        #: Cells of the GPU-name column: the longest compact name of the last snapshot shown.
+        self.name_width = NAME_DEFAULT_WIDTH
+        self._names_of: model.FleetSnapshot | None = None
         self._cursor_after_rebuild: str | None = None  # kept across a layout change
         self._keys: list[str] = []
         self._cells: dict[str, tuple[Text, ...]] = {}
@@ -123,11 +135,11 @@ class FleetScreen(GpuctlScreen):
 
     def on_mount(self) -> None:
         self.call_after_refresh(self.filter_input)
-        self._set_layout(layout_for(self.app.size.width - SCROLLBAR_CELLS))
+        self._set_layout(layout_for(self.app.size.width - SCROLLBAR_CELLS, self.name_width))
         self.table.focus()
 
     def on_resize(self, event: events.Resize) -> None:
-        layout = layout_for(event.size.width - SCROLLBAR_CELLS)
+        layout = layout_for(event.size.width - SCROLLBAR_CELLS, self.name_width)
         if layout is not self.table_layout:
             self._set_layout(layout)
             snapshot = self.host.snapshot
@@ -174,6 +186,15 @@ class FleetScreen(GpuctlScreen):
             # counts this screen as visible: catch up when it is shown again (on_screen_resume)
             self._stale = True
             return
+        if snapshot is not self._names_of:  # the name column fits the longest name present
+            self._names_of = snapshot
+            names = name_width(snapshot)
+            if names != self.name_width:
+                self.name_width = names
+                fitted = layout_for(app.size.width - SCROLLBAR_CELLS, names)
+                if fitted is not layout:
+                    self._set_layout(fitted)
+                    layout = fitted
         spec = self._view_spec(layout)
         view = self.host.fleet_view_for(snapshot)
         if view is not None and (view.spec != spec or view.palette is not app.palette):

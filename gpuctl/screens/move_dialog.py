@@ -43,8 +43,8 @@ class MoveConfirmScreen(ArmedModal):
     `leased_owners` is not empty, Drain / Revoke / Cancel and a line naming the leases' owners.
 
     Keys: y or Enter = Move (free slices only), d = Drain, r = Revoke, n or Escape = Cancel.
-    Move, Drain and Revoke are refused (the key is dropped) until the dialog has been drawn and
-    CONFIRM_ARM_S has passed (:attr:`armed`); cancelling always works.
+    Move, Drain and Revoke are refused (the key is dropped) until a whole frame of the dialog has
+    been on the terminal for CONFIRM_ARM_S (:attr:`armed`); cancelling always works.
     """
 
     DEFAULT_CSS = DIALOG_CSS
@@ -84,7 +84,7 @@ class MoveConfirmScreen(ArmedModal):
                     yield Button("Move (y)", id="refuse", variant="primary")
                 yield Button("Cancel (n)", id="cancel")
 
-    def on_mount(self) -> None:  # ArmedModal.on_mount runs too (Textual calls each class's)
+    def on_mount(self) -> None:
         self.query_one("#dialog-buttons Button", Button).focus()
 
     @on(Button.Pressed)

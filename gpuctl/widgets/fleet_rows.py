@@ -10,10 +10,13 @@ memo, see :func:`styled`), so the fleet screen finds changed cells by identity (
 table re-renders only those. Cells are shared: never mutate one.
 
 Layouts: the table has fixed column widths per layout (never resized by its cells); the fleet
-screen picks the widest layout of LAYOUTS that fits the terminal (:func:`layout_for`). Narrower
-layouts drop columns by priority (the sparkline and power first, then the GPU name, lease owner,
-temperature, lease usage, memory) and use compact forms of the SM and memory cells; node, GPU
-index, SM utilization and the owning departments (in their colors) are in every layout.
+screen picks the widest layout that fits the terminal (:func:`layout_for`), its GPU-name column
+as wide as the longest compact name in the fleet (:func:`name_width`; "H100 80GB HBM3": 14).
+Narrower layouts drop columns by priority (:func:`build_layouts`: the sparkline and power first,
+then lease owner, lease use, temperature, the memory bar, and only then the GPU name, state and
+memory) and use compact forms of the SM and memory cells; node, GPU index, SM utilization and
+the owning departments (in their colors) are in every layout. From 120 columns on, every GPU
+name (compact, up to NAME_MAX_WIDTH cells) is shown whole.
 """
 
 from __future__ import annotations
@@ -33,8 +36,6 @@ from gpuctl.widgets.palette import Palette
 SM_BAR_CELLS = 10
 SM_BAR_CELLS_COMPACT = 5
 MEMORY_BAR_CELLS = 8
-#: Prefix dropped from GPU names in the table ("NVIDIA H100 80GB HBM3" -> "H100 80GB HBM3").
-_NAME_PREFIX = "NVIDIA "
 #: Cell padding DataTable puts on each side of a cell (cells).
 CELL_PADDING = 1
 
@@ -88,17 +89,42 @@ _SLICES_NARROW = Column("slices", "slices (● leased)", 24, "slices")
 _USAGE = Column("usage", "lease use", 17, "usage")
 _LEASE = Column("lease", "lease", 12, "lease")
 _STATE = Column("state", "state", 9, "state")
-_NAME = Column("name", "GPU", 24, "name")  # "RTX 6000 Ada Generation" (23) whole
+#: Width of the GPU-name column: the longest compact name shown (gpuctl.format.compact_gpu_name),
+#: at least the header's, at most NAME_MAX_WIDTH (a longer name is cut there).
+NAME_MIN_WIDTH = 3
+NAME_MAX_WIDTH = 32
+#: The name column's width before any GPU is known, and in LAYOUTS.
+NAME_DEFAULT_WIDTH = 24  # "RTX 6000 Ada Generation" (23) whole
 
-#: Widest first; the fleet screen uses the first that fits (the last one always).
-LAYOUTS: tuple[Layout, ...] = (
-    Layout("full", (_NODE, _GPU, _SM, _MEMORY, _TEMPERATURE, _POWER, _HISTORY, _SLICES, _USAGE, _LEASE, _STATE, _NAME)),
-    Layout("wide", (_NODE, _GPU, _SM, _MEMORY, _TEMPERATURE, _POWER, _HISTORY, _SLICES, _USAGE, _LEASE, _STATE)),
-    Layout("medium", (_NODE, _GPU, _SM_COMPACT, _MEMORY, _TEMPERATURE, _SLICES, _USAGE, _STATE)),
-    Layout("narrow", (_NODE, _GPU, _SM_COMPACT, _MEMORY_COMPACT, _SLICES_NARROW, _STATE)),
-    Layout("tiny", (_NODE, _GPU, _SM_COMPACT, _SLICES_NARROW, _STATE)),
-    Layout("minimal", (_NODE, _GPU, _SM_COMPACT, _SLICES_NARROW)),
-)
+
+def _name(width: int) -> Column:
+    return Column("name", "GPU", width, "name")
+
+
+def build_layouts(name_width: int) -> tuple[Layout, ...]:
+    """The layouts, widest first, with a GPU-name column `name_width` cells wide. Narrower layouts
+    drop columns in this order (the first dropped first): SM recent (sparkline), power, lease
+    owner (with SM's compact form), lease use, temperature, then memory's compact form and the
+    narrow slices column, then the GPU name, state, memory. Node, GPU index, SM utilization and
+    the owning departments are in every layout."""
+    name = _name(name_width)
+    return (
+        Layout("full", (_NODE, _GPU, _SM, _MEMORY, _TEMPERATURE, _POWER, _HISTORY, _SLICES, _USAGE, _LEASE, _STATE,
+                        name)),
+        Layout("wide", (_NODE, _GPU, _SM, _MEMORY, _TEMPERATURE, _POWER, _SLICES, _USAGE, _LEASE, _STATE, name)),
+        Layout("wide-lease", (_NODE, _GPU, _SM, _MEMORY, _TEMPERATURE, _SLICES, _USAGE, _LEASE, _STATE, name)),
+        Layout("medium", (_NODE, _GPU, _SM_COMPACT, _MEMORY, _TEMPERATURE, _SLICES, _USAGE, _STATE, name)),
+        Layout("compact", (_NODE, _GPU, _SM_COMPACT, _MEMORY, _TEMPERATURE, _SLICES, _STATE, name)),
+        Layout("named", (_NODE, _GPU, _SM_COMPACT, _MEMORY, _SLICES, _STATE, name)),
+        Layout("narrow-named", (_NODE, _GPU, _SM_COMPACT, _MEMORY_COMPACT, _SLICES_NARROW, _STATE, name)),
+        Layout("narrow", (_NODE, _GPU, _SM_COMPACT, _MEMORY_COMPACT, _SLICES_NARROW, _STATE)),
+        Layout("tiny", (_NODE, _GPU, _SM_COMPACT, _SLICES_NARROW, _STATE)),
+        Layout("minimal", (_NODE, _GPU, _SM_COMPACT, _SLICES_NARROW)),
+    )
+
+
+#: Widest first, with the default name width; the fleet screen uses layout_for.
+LAYOUTS: tuple[Layout, ...] = build_layouts(NAME_DEFAULT_WIDTH)
 #: The full layout's columns (every column key), in display order.
 COLUMNS: tuple[Column, ...] = LAYOUTS[0].columns
 COLUMN_KEYS = tuple(c.key for c in COLUMNS)
@@ -111,13 +137,38 @@ _GPU_MESSAGE_COLUMNS = ("memory", "temperature", "power", "history")
 #: ... and an unreachable node's reason.
 _NODE_MESSAGE_COLUMNS = ("memory", "temperature", "power", "history", "slices", "usage")
 
+_layouts_lock = threading.Lock()
+_layouts_by_name_width: dict[int, tuple[Layout, ...]] = {NAME_DEFAULT_WIDTH: LAYOUTS}
 
-def layout_for(width: int) -> Layout:
-    """The widest layout of LAYOUTS whose width fits in `width` cells (the last one when none)."""
-    for layout in LAYOUTS:
+
+def layouts_for_names(name_width: int) -> tuple[Layout, ...]:
+    """build_layouts(name_width), the same objects for the same width (the fleet screen compares
+    layouts by identity)."""
+    name_width = max(NAME_MIN_WIDTH, min(NAME_MAX_WIDTH, name_width))
+    with _layouts_lock:
+        found = _layouts_by_name_width.get(name_width)
+        if found is None:
+            found = _layouts_by_name_width[name_width] = build_layouts(name_width)
+        return found
+
+
+def name_width(snapshot: model.FleetSnapshot) -> int:
+    """Cells the longest compact GPU name of `snapshot` needs (NAME_MIN_WIDTH..NAME_MAX_WIDTH;
+    NAME_DEFAULT_WIDTH when it has no GPU, e.g. every node down)."""
+    widths = [len(fmt.compact_gpu_name(g.identity.name)) for n in snapshot.nodes for g in n.gpus]
+    if not widths:
+        return NAME_DEFAULT_WIDTH
+    return max(NAME_MIN_WIDTH, min(NAME_MAX_WIDTH, max(widths)))
+
+
+def layout_for(width: int, names: int = NAME_DEFAULT_WIDTH) -> Layout:
+    """The widest layout (layouts_for_names(names): a GPU-name column `names` cells wide) whose
+    width fits in `width` cells (the last one when none)."""
+    layouts = layouts_for_names(names)
+    for layout in layouts:
         if layout.width <= width:
             return layout
-    return LAYOUTS[-1]
+    return layouts[-1]
 
 
 # -- interned cells ---------------------------------------------------------------------------
@@ -335,7 +386,7 @@ def gpu_row(
         "gpu": styled(("—", palette.muted) if gpu.missing else (str(gpu.identity.index), "")),
         "slices": slices_cell(gpu.slices, palette),
         "usage": usage_cell(gpu.slices, palette),
-        "name": styled((gpu.identity.name.removeprefix(_NAME_PREFIX), "")),
+        "name": styled((fmt.compact_gpu_name(gpu.identity.name), "")),
         "lease": styled((lease_text, palette.get("slice-busy"))),
         "state": styled((state, state_style.get(state, palette.get("slice-idle")))),
     }

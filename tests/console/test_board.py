@@ -733,6 +733,119 @@ async def test_a_blind_confirmation_typed_before_the_dialog_was_drawn_never_move
         assert owners(source)[idle.id] == "training"
 
 
+async def test_the_move_dialog_arms_only_after_a_whole_frame_of_it_reached_the_terminal(source):
+    """Issue 9 item 3, the mechanism: Textual drops a frame composed inside a batch update (a
+    Footer recompose, Widget.batch) and still runs call_after_refresh callbacks. The dialog used to
+    start its arming clock from such a callback, so it armed while none of its frames had reached
+    the terminal, and a `y` then moved unseen. Now the clock starts once a whole frame the app wrote
+    was drawn (gpuctl.console.frame_ack; headless: at once)."""
+    import asyncio
+
+    from textual import events
+
+    from gpuctl.screens.confirm import CONFIRM_ARM_S
+
+    app = make_app(source)
+    idle = find(source, department=model.UNASSIGNED, leased=False)[0]
+    before = owners(source)
+    async with app.run_test(size=SIZE) as pilot:
+        board = await open_board(app, pilot)
+        async with board.batch():  # every frame composed meanwhile is dropped by Textual
+            board.propose_move([board._views[idle.id]], "training")
+            await asyncio.sleep(CONFIRM_ARM_S * 3)
+            dialog = app.screen
+            assert isinstance(dialog, MoveConfirmScreen)
+            assert not dialog.armed  # (armed here before: nothing of it was on the terminal)
+            app.post_message(events.Key("y", "y"))
+            await asyncio.sleep(0.2)
+            assert dialog.unseen_keys_dropped == 1 and app.screen is dialog
+            assert dialog.painted_at is None and dialog.frames_written == 0
+        assert owners(source) == before and board.moving == {}
+        await wait_armed(app, pilot)  # the batch is over: the dialog is drawn, then armed
+        assert dialog.painted_at is not None and dialog.frames_written >= 1
+        await pilot.press("y")
+        await settle(app, pilot)
+        assert owners(source)[idle.id] == "training"
+
+
+async def test_on_a_terminal_the_move_dialog_waits_for_the_terminal_to_say_it_drew_it(source, monkeypatch):
+    """gpuctl.console.frame_ack: after the dialog's first whole frame the app asks the terminal for
+    the cursor position (DSR); the terminal answers once it has drawn everything before the query.
+    Until the answer (Textual's CursorPosition event) no confirmation counts; a terminal that never
+    answers arms the dialog after ACK_TIMEOUT_S."""
+    import asyncio
+
+    from textual import events
+
+    from gpuctl.console import frame_ack
+
+    app = make_app(source)
+    idle, other = find(source, department=model.UNASSIGNED, leased=False)[:2]
+    before = owners(source)
+    async with app.run_test(size=SIZE) as pilot:
+        board = await open_board(app, pilot)
+        written: list[str] = []
+        monkeypatch.setattr(app, "_writes_to_a_terminal", lambda: True)  # as if a terminal were there
+        monkeypatch.setattr(app._driver, "write", written.append)
+        board.propose_move([board._views[idle.id]], "training")
+        await asyncio.sleep(0.8)  # frames written, no answer yet: the terminal has not drawn it
+        dialog = app.screen
+        assert isinstance(dialog, MoveConfirmScreen)
+        assert written.count(frame_ack.CURSOR_POSITION_QUERY) == 1  # one query, after the first whole frame
+        assert dialog.frames_written >= 1 and dialog.painted_at is None and not dialog.armed
+        await pilot.press("y")
+        assert dialog.unseen_keys_dropped == 1 and owners(source) == before
+        app.post_message(events.CursorPosition(0, 0))  # the terminal's answer
+        await wait_armed(app, pilot)
+        await pilot.press("y")
+        await settle(app, pilot)
+        assert owners(source)[idle.id] == "training"
+        # a terminal that never answers: armed after ACK_TIMEOUT_S
+        monkeypatch.setattr(frame_ack, "ACK_TIMEOUT_S", 0.5)
+        board.propose_move([board._views[other.id]], "training")
+        await asyncio.sleep(0.3)
+        late = app.screen
+        assert isinstance(late, MoveConfirmScreen) and late is not dialog and not late.armed
+        await wait_armed(app, pilot)
+        assert late.painted_at is not None
+
+
+async def test_the_board_footer_is_not_rebuilt_under_the_move_dialog(source):
+    """The picker closing gives the board the focus back for a moment; its Footer used to be
+    rebuilt under the move confirmation pushed right after, and the board's new layout made the
+    dialog send 4 whole frames instead of 2 (each ~22 KB to the terminal). Covered, the footer is
+    only marked stale and is rebuilt when the board is on top again."""
+    from textual.widgets._footer import FooterKey
+
+    from gpuctl.screens.base import ScreenFooter
+
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        board = await open_board(app, pilot)
+        await pilot.pause()
+        full_frames: list[str] = []
+        display = app._display
+
+        def counting(screen, renderable):  # noqa: ANN001
+            if renderable is not None and isinstance(screen, MoveConfirmScreen):
+                full_frames.append(type(renderable).__name__)
+            display(screen, renderable)
+
+        app._display = counting
+        await pilot.press("m")
+        await pilot.pause(0.2)
+        await pilot.press("enter")  # the first department
+        await pilot.pause(0.6)
+        assert isinstance(app.screen, MoveConfirmScreen)
+        assert full_frames.count("LayoutUpdate") <= 2, full_frames
+        footer = board.query_one(ScreenFooter)
+        await pilot.press("escape")
+        await pilot.pause(0.3)
+        assert app.screen is board and not footer.stale
+        keys = {k.description for k in footer.query(FooterKey)}
+        assert "Move to…" in keys  # rebuilt once shown, with the board's keys
+
+
 async def test_readonly_footer_offers_no_move_and_no_drag_hint(source):
     from textual.widgets import Static
 

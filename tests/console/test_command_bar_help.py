@@ -423,12 +423,15 @@ async def test_unchanged_cells_are_not_rewritten():
 
 @pytest.mark.parametrize(
     "width, layout, columns",
-    [
+    [  # with the simulated fleet's names ("H100 80GB HBM3": a 14-cell name column)
         (200, "full", ["node", "gpu", "sm", "memory", "temperature", "power", "history", "slices", "usage",
                        "lease", "state", "name"]),
-        (170, "wide", ["node", "gpu", "sm", "memory", "temperature", "power", "history", "slices", "usage",
-                       "lease", "state"]),
-        (120, "medium", ["node", "gpu", "sm", "memory", "temperature", "slices", "usage", "state"]),
+        (170, "wide", ["node", "gpu", "sm", "memory", "temperature", "power", "slices", "usage",
+                       "lease", "state", "name"]),
+        (160, "wide-lease", ["node", "gpu", "sm", "memory", "temperature", "slices", "usage", "lease", "state",
+                             "name"]),
+        (120, "compact", ["node", "gpu", "sm", "memory", "temperature", "slices", "state", "name"]),
+        (100, "narrow-named", ["node", "gpu", "sm", "memory", "slices", "state", "name"]),
         (80, "narrow", ["node", "gpu", "sm", "memory", "slices", "state"]),
         (70, "tiny", ["node", "gpu", "sm", "slices", "state"]),
         (60, "minimal", ["node", "gpu", "sm", "slices"]),
@@ -437,7 +440,7 @@ async def test_unchanged_cells_are_not_rewritten():
 def test_layout_for_width_drops_columns_by_priority(width, layout, columns):
     from gpuctl.widgets.fleet_rows import layout_for
 
-    chosen = layout_for(width - 1)  # the table leaves one cell to its scrollbar
+    chosen = layout_for(width - 1, 14)  # the table leaves one cell to its scrollbar
     assert chosen.name == layout
     assert list(chosen.keys) == columns
     assert chosen.width <= width - 1 or layout == "minimal"

@@ -133,7 +133,7 @@ async def test_header_at_80_columns_keeps_every_department_total(source):
             assert f"{dept} {share:g}" in line, line
 
 
-async def test_long_gpu_names_are_shown_whole_in_the_full_layout(source, monkeypatch):
+async def test_long_gpu_names_are_shown_whole_and_compact_in_the_full_layout(source, monkeypatch):
     import dataclasses
 
     real = source.snapshot
@@ -149,7 +149,9 @@ async def test_long_gpu_names_are_shown_whole_in_the_full_layout(source, monkeyp
     async with app.run_test(size=WIDE) as pilot:
         await settle(app, pilot)
         assert app.screen.table_layout.name == "full"
-        assert any(line.rstrip().endswith("RTX 6000 Ada Generation") for line in screen_lines(app))
+        # compact in the table (gpuctl.format.compact_gpu_name), whole: the column fits the longest
+        assert any(line.rstrip().endswith("RTX 6000 Ada") for line in screen_lines(app))
+        assert app.screen.name_width == len("H100 80GB HBM3")
 
 
 async def test_colon_schedule_on_a_source_without_node_connections_says_so(source):

@@ -1,10 +1,14 @@
-"""What gpuctl's key ordering takes from Textual beyond its public API, pinned: when an upgrade
-changes it, this fails with a message naming gpuctl/app.py (GpuctlApp.call_later), instead of keys
-quietly acting out of order."""
+"""What gpuctl takes from Textual beyond its public API, pinned: when an upgrade changes it, this
+fails with a message naming the gpuctl code that relies on it (gpuctl/app.py GpuctlApp.call_later:
+key ordering; gpuctl/console/frame_ack.py: when a dialog's frame reached the terminal), instead of keys quietly acting out of order or a
+confirmation arming unseen."""
 
 from __future__ import annotations
 
+import asyncio
+
 from textual.app import App, ComposeResult
+from textual.screen import ModalScreen
 from textual.widgets import Input
 
 from gpuctl.app import GpuctlApp
@@ -51,3 +55,41 @@ async def test_gpuctl_focuses_at_once_under_immediate_focus():
         await pilot.pause()
         app.action_filter()  # `/`: the filter Input must hold the focus before the next key is read
         assert isinstance(app.focused, Input), app.focused
+
+
+class _Frames(App):
+    """Records what App._display is handed: (the screen, the update's type, inside a batch?)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frames: list[tuple[object, str, bool]] = []
+
+    def compose(self) -> ComposeResult:
+        yield Input(id="a")
+
+    def _display(self, screen, renderable) -> None:  # noqa: ANN001
+        if renderable is not None:
+            self.frames.append((screen, type(renderable).__name__, bool(self._batch_count)))
+        super()._display(screen, renderable)
+
+
+async def test_frames_pass_through_app_display_and_those_of_a_batch_are_composed_inside_it():
+    """gpuctl.console.frame_ack.FrameAckMixin._display reports each frame written to the terminal to the screen
+    (ArmedModal.frame_written: the move confirmation asks the terminal about its first whole frame, a LayoutUpdate)
+    and treats a frame handed over inside a batch as dropped (Textual writes nothing then)."""
+    from textual._compositor import LayoutUpdate  # noqa: F401 - frame_ack's full-frame type
+
+    app = _Frames()
+    async with app.run_test(size=(40, 10)) as pilot:
+        await pilot.pause()
+        assert any(s is app.screen and kind == "LayoutUpdate" and not batch for s, kind, batch in app.frames), (
+            "Textual no longer hands the top screen's frames to App._display as LayoutUpdate: "
+            f"FrameAckMixin._display (gpuctl/console/frame_ack.py) cannot tell when a dialog was drawn; frames: {app.frames}")
+        app.frames.clear()
+        pushed = ModalScreen()
+        async with app.screen.batch():  # a screen pushed inside a batch: its first frame is dropped
+            app.push_screen(pushed)
+            await asyncio.sleep(0.3)
+        assert [(kind, batch) for s, kind, batch in app.frames if s is pushed][:1] == [("LayoutUpdate", True)], (
+            "Textual no longer composes a frame of a screen pushed inside a batch (dropped by "
+            f"App._display): FrameAckMixin._display's `dropped` rule needs a look; frames: {app.frames}")

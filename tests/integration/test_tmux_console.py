@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import time
+import re
 import uuid
 from pathlib import Path
 
@@ -93,4 +94,81 @@ def test_pixel_mouse_with_a_cell_size_of_0_does_not_end_the_console(console):
     _keys(session, "/")
     _keys(session, "sim-03", literal=True, pause_s=1.0)
     assert "sim-03" in capture(session)
+    assert _quit(session, status) == 0
+
+
+# -- issue 9 item 3: a move is never confirmed unseen, also on a slow terminal ------------------------
+
+#: Output rate of the slow terminal (bytes/s): the board at rest writes ~18 KB/s, a whole 120x40
+#: frame is ~22 KB: the move dialog reaches the screen ~1 s after it was picked.
+SLOW_TERMINAL_BPS = 25_000
+DEPARTMENT_TOTALS = re.compile(r"(research|training|inference|unassigned) ([0-9.]+)")
+
+
+@pytest.fixture
+def slow_console(tmp_path):
+    """`gpuctl demo` at 120x40 in tmux behind a pty that carries SLOW_TERMINAL_BPS of output
+    (tests/support/slow_tty.py); yields (session, file its exit status is written to)."""
+    name = f"gpuctl-slow-{uuid.uuid4().hex[:8]}"
+    status = tmp_path / "status"
+    slow_tty = ROOT / "tests" / "support" / "slow_tty.py"
+    cmd = (f"cd {ROOT} && {sys.executable} {slow_tty} {SLOW_TERMINAL_BPS} 120 40 env PYTHONPATH={ROOT}"
+           f" TERM=xterm-256color {sys.executable} -m gpuctl.cli demo --seed 3 ; echo $? > {status}; sleep 60")
+    tmux("new-session", "-d", "-s", name, "-x", "120", "-y", "40", cmd)
+    try:
+        wait_for(name, lambda s: "sim-01" in s and "%" in s, timeout_s=60)
+        yield name, status
+    finally:
+        subprocess.run(["tmux", "send-keys", "-t", name, "q"], capture_output=True)
+        time.sleep(2.0)
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+
+
+def _totals(session: str) -> dict[str, str]:
+    """The department totals the header shows ("research 8.5", ...; at least two), once it is drawn."""
+    screen = wait_for(session, lambda s: len(DEPARTMENT_TOTALS.findall(s.splitlines()[0])) >= 2, timeout_s=15)
+    return dict(DEPARTMENT_TOTALS.findall(screen.splitlines()[0]))
+
+
+def test_a_blind_enter_never_confirms_a_move_the_terminal_has_not_shown(slow_console):
+    """Issue 9 item 3 as reported: m, pick a department, the confirmation does not appear (the
+    terminal lags behind the app's frames), Enter. The dialog appears within a bound (8 s at
+    SLOW_TERMINAL_BPS), the blind Enter does not move (the header's department totals stay), and
+    `y` typed at the dialog once it is seen moves. Before the fix the blind Enter moved."""
+    session, status = slow_console
+    _keys(session, "d")
+    wait_for(session, lambda s: "departments" in s.splitlines()[0], timeout_s=20)
+    _keys(session, "Down")
+    before = _totals(session)
+    blind = 0
+    for _ in range(5):
+        _keys(session, "m", pause_s=0)
+        wait_for(session, lambda s: "Move to department" in s, timeout_s=10)
+        _keys(session, "Enter", pause_s=0.7)  # pick the first department; the app has drawn the
+        # dialog (and armed it by its own clock, before the fix) but the terminal has not shown it
+        if "Cancel (n)" not in capture(session):  # the dialog's last line is not drawn yet
+            _keys(session, "Enter", pause_s=0)  # blind: typed at what the terminal shows
+            blind += 1
+        wait_for(session, lambda s: "Move slices" in s and "Cancel (n)" in s, timeout_s=8)
+        time.sleep(2.0)  # a move confirmed by that Enter would have closed the dialog by now
+        screen = capture(session)
+        assert "Move slices" in screen, screen
+        _keys(session, "Escape", pause_s=0)
+        wait_for(session, lambda s: "Move slices" not in s, timeout_s=10)
+        assert _totals(session) == before
+        if blind == 3:
+            break
+    assert blind >= 2, "the terminal never lagged: the condition was not reproduced"
+    # seen, then confirmed: it moves
+    _keys(session, "m", pause_s=0)
+    wait_for(session, lambda s: "Move to department" in s, timeout_s=10)
+    _keys(session, "Enter", pause_s=0)
+    wait_for(session, lambda s: "Move slices" in s and "Cancel (n)" in s, timeout_s=8)
+    time.sleep(1.5)
+    _keys(session, "y", pause_s=0)
+    wait_for(session, lambda s: "Move slices" not in s, timeout_s=10)
+    deadline = time.monotonic() + 15
+    while _totals(session) == before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _totals(session) != before
     assert _quit(session, status) == 0

@@ -1,0 +1,42 @@
+"""The compact GPU names of the fleet table (gpuctl.format.compact_gpu_name), on the names
+nvidia-smi / NVML print for real GPUs and MIG devices (issue 9 item 11)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuctl import format as fmt
+
+
+@pytest.mark.parametrize(
+    "nvml_name, compact",
+    [
+        ("NVIDIA A100-SXM4-80GB", "A100-SXM4-80GB"),
+        ("NVIDIA A100-PCIE-40GB", "A100-PCIE-40GB"),
+        ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe"),
+        ("NVIDIA H100 80GB HBM3", "H100 80GB HBM3"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H100 NVL", "H100 NVL"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA H200 NVL", "H200 NVL"),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+        ("GeForce GTX 1080 Ti", "GTX 1080 Ti"),
+        ("NVIDIA RTX A6000", "RTX A6000"),
+        ("NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada"),
+        ("Quadro RTX 8000", "Quadro RTX 8000"),
+        ("Tesla T4", "Tesla T4"),
+        ("Tesla V100-SXM2-32GB", "Tesla V100-SXM2-32GB"),
+        ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", "A100-SXM4-40GB MIG 1g.5gb"),
+        ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", "H100 80GB HBM3 MIG 3g.40gb"),
+    ],
+)
+def test_compact_gpu_name_drops_brand_words_and_keeps_the_model(nvml_name, compact):
+    assert fmt.compact_gpu_name(nvml_name) == compact
+
+
+@pytest.mark.parametrize("name, compact", [("NVIDIA", "NVIDIA"), ("NVIDIA ", "NVIDIA"), ("  L4 ", "L4"),
+                                           ("Generation", "Generation"), ("", "")])
+def test_a_name_that_would_become_empty_stays_whole(name, compact):
+    assert fmt.compact_gpu_name(name) == compact
