@@ -219,6 +219,7 @@ def test_history_and_report_from_a_fleet_client(demo):
 
     from gpuctl.fleet.client import FleetClient, default_transport_factory
     from gpuctl.config import load_config
+    from gpuctl.fleet.source import LiveFleetSource
     from gpuctl.fleet.usage_report import gpu_history_from_source, report_from_source
 
     fleet, _ = demo
@@ -227,6 +228,9 @@ def test_history_and_report_from_a_fleet_client(demo):
         now = time.time()
         rep = report_from_source(client, now - 7 * 86400, now)
         assert rep["fleet_gpus"] == 8 and rep["total"]["owned_gpu_h"] > 0
+        # the console's LiveFleetSource offers that client (FleetSource.fleet_client)
+        via = report_from_source(LiveFleetSource(client), now - 7 * 86400, now)
+        assert via["fleet_gpus"] == 8 and via["total"]["owned_gpu_h"] == pytest.approx(rep["total"]["owned_gpu_h"])
         uuid = client.snapshot().nodes[1].gpus[0].uuid
         pts = gpu_history_from_source(client, "sim-02", uuid, now - 86400, now, 900)
         assert 95 <= len(pts) <= 97 and all(p["gpu_uuid"] == uuid for p in pts)
