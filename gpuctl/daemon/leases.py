@@ -58,6 +58,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from gpuctl.daemon.api import ApiRequest, ControlApi
+from gpuctl.datapath.launcher import READY_TIMEOUT_S
 from gpuctl.daemon.errors import (  # noqa: F401 - re-exported
     ApiError,
     InsufficientSlices,
@@ -390,12 +391,26 @@ class LeaseManager:
                 if mps_daemon is None and self.mps.mode == "auto" and getattr(self.mps, "last_error", None):
                     warnings.append(f"time-sliced, without MPS caps: {self.mps.last_error}")
             try:
+                # the worker's first deadline leaves room for its own start (up to READY_TIMEOUT_S)
                 handle, endpoint = self._start_attach(req, lease_id, token, quota, share, gpu_uuid, gpu_index,
-                                                      expires, mps_daemon)
+                                                      expires + READY_TIMEOUT_S, mps_daemon)
             except BaseException:
                 if mps_daemon is not None:
                     self.mps.release(gpu_uuid, lease_id)
                 raise
+            # the ttl counts from now, when the lease is in place: a worker that took seconds to
+            # start (a loaded node) must not leave a lease that has expired before it is answered
+            now = self.clock()
+            expires = now + req.ttl_s
+            try:
+                handle.extend(expires)
+            except ProcessLookupError:
+                self._stop_worker(handle, lease_id, "worker exited at start")
+                if mps_daemon is not None:
+                    self.mps.release(gpu_uuid, lease_id)
+                raise WorkerStartFailed(
+                    f"the data-path worker for a lease on GPU {gpu_index} ({gpu_uuid}) of {self.hostname} exited "
+                    f"right after it started; nothing was leased") from None
             lease = Lease(id=lease_id, department=req.department, slice_ids=[s.id for s in chosen],
                           owner=req.owner, ttl_s=req.ttl_s, created_s=now, heartbeat_s=now,
                           expires_s=expires, endpoint=endpoint)
