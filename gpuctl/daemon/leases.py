@@ -58,7 +58,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from gpuctl.daemon.api import ApiRequest, ControlApi
-from gpuctl.datapath.launcher import READY_TIMEOUT_S
 from gpuctl.daemon.errors import (  # noqa: F401 - re-exported
     ApiError,
     InsufficientSlices,
@@ -391,9 +390,8 @@ class LeaseManager:
                 if mps_daemon is None and self.mps.mode == "auto" and getattr(self.mps, "last_error", None):
                     warnings.append(f"time-sliced, without MPS caps: {self.mps.last_error}")
             try:
-                # the worker's first deadline leaves room for its own start (up to READY_TIMEOUT_S)
                 handle, endpoint = self._start_attach(req, lease_id, token, quota, share, gpu_uuid, gpu_index,
-                                                      expires + READY_TIMEOUT_S, mps_daemon)
+                                                      expires, mps_daemon)
             except BaseException:
                 if mps_daemon is not None:
                     self.mps.release(gpu_uuid, lease_id)
@@ -476,14 +474,18 @@ class LeaseManager:
             from gpuctl.daemon.native import NativeHandle
 
             return NativeHandle(lease_id=lease_id, grace_s=self.native_grace_s), None
+        from gpuctl.datapath.launcher import READY_TIMEOUT_S
+
         extra: dict[str, Any] = {}
         if mps_daemon is not None:
             extra["mps_pipe_dir"] = str(mps_daemon.pipe_dir)
         try:
+            # the worker's first deadline leaves room for its own start (the launcher waits up to
+            # READY_TIMEOUT_S); grant() then moves it to the lease's expiry
             handle = self._start_worker(
                 lease_id=lease_id, token=token, quota_bytes=quota, compute_share=share,
                 executor=self.executor, gpu_uuid=gpu_uuid, bind=self.bind, port=0,
-                expires_at_s=expires, run_as_user=self.worker_user, **extra)
+                expires_at_s=expires + READY_TIMEOUT_S, run_as_user=self.worker_user, **extra)
         except Exception as e:  # noqa: BLE001 - any launcher failure refuses the grant, cleanly
             raise WorkerStartFailed(
                 f"the data-path worker for a lease on GPU {gpu_index} ({gpu_uuid}) of {self.hostname} did not "
