@@ -360,7 +360,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             except Exception as e:  # noqa: BLE001 - the node's connection failed: said, then released
                 err(f"run: cannot start {command[0]!r} on {node}: {e}")
                 return ExitCode.UNREACHABLE
-            record_pid(fleet.clients[node], lease_id, proc, err)
         else:
             env = dict(os.environ)
             env["GPUCTL_ATTACH"] = answer["attach"]
@@ -382,8 +381,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                 except ProcessLookupError:
                     pass
 
+        # in place before the pid is recorded: whoever sees it on the node may signal gpuctl at once
         for sig in (signal.SIGINT, signal.SIGTERM):
             old_handlers[sig] = signal.signal(sig, forward)
+        if native:
+            record_pid(fleet.clients[node], lease_id, proc, err)
+
         def end_cmd() -> None:
             from gpuctl.fleet.native_run import wait_or_kill
 

@@ -88,10 +88,15 @@ class Problem:
 
 @dataclass
 class ReadResult:
-    """Records (oldest first) and the problems met while reading them."""
+    """Records (oldest first) and the problems met while reading them. truncated: more records
+    matched than were returned (read_newest's limit). files_read: the files opened, in the order
+    read; lines_parsed: non-blank lines parsed (the cost of the read)."""
 
     records: list[dict[str, Any]] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    truncated: bool = False
+    files_read: list[str] = field(default_factory=list)
+    lines_parsed: int = 0
 
 
 def audit_files(directory: Path) -> list[Path]:
@@ -109,6 +114,19 @@ def audit_files(directory: Path) -> list[Path]:
     return files
 
 
+def _parse_line(raw: bytes, file: str, number: int, cut: bool) -> dict[str, Any] | Problem:
+    """One non-blank line as a record, or the Problem it is (`cut`: the file's last line, without
+    its newline: "truncated")."""
+    try:
+        rec = json.loads(raw.decode("utf-8"))
+        if not isinstance(rec, dict):
+            raise ValueError(f"a JSON {type(rec).__name__}, not an object")
+    except (UnicodeDecodeError, ValueError) as e:
+        why = "truncated (no newline at the end of the file)" if cut else str(e)
+        return Problem(file, number, why, raw[:200].decode("utf-8", "replace"))
+    return rec
+
+
 def parse_lines(data: bytes, file: str) -> ReadResult:
     """Parse the bytes of one audit file. Blank lines are skipped; every other line that is not a
     JSON object is a Problem (the last line without its newline: "truncated")."""
@@ -118,16 +136,12 @@ def parse_lines(data: bytes, file: str) -> ReadResult:
     for i, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
-        last = i == len(lines)
-        try:
-            rec = json.loads(raw.decode("utf-8"))
-            if not isinstance(rec, dict):
-                raise ValueError(f"a JSON {type(rec).__name__}, not an object")
-        except (UnicodeDecodeError, ValueError) as e:
-            why = "truncated (no newline at the end of the file)" if last and not ends_clean else str(e)
-            out.problems.append(Problem(file, i, why, raw[:200].decode("utf-8", "replace")))
-            continue
-        out.records.append(rec)
+        out.lines_parsed += 1
+        got = _parse_line(raw, file, i, i == len(lines) and not ends_clean)
+        if isinstance(got, Problem):
+            out.problems.append(got)
+        else:
+            out.records.append(got)
     return out
 
 
@@ -141,13 +155,70 @@ def read_records(directory: Path, since_s: float | None = None) -> ReadResult:
         except OSError as e:
             out.problems.append(Problem(str(path), 0, f"cannot be read: {e.strerror or e}", ""))
             continue
+        out.files_read.append(str(path))
         part = parse_lines(data, str(path))
+        out.lines_parsed += part.lines_parsed
         out.problems.extend(part.problems)
         for rec in part.records:
             t = rec.get("time_s")
             if since_s is not None and isinstance(t, (int, float)) and t < since_s:
                 continue
             out.records.append(rec)
+    return out
+
+
+def read_newest(directory: Path, since_s: float | None = None, limit: int = MAX_RECORDS_PER_ANSWER) -> ReadResult:
+    """The newest `limit` records with ``time_s >= since_s`` (all times when None), oldest first,
+    reading only what that needs (``GET /v1/audit``): the files newest first (audit.log, then
+    audit.log.1, ...) and each from its last line back, stopping at the record after the limit
+    (``truncated``) or at the first record older than `since_s` (records are appended in the
+    order of the daemon's clock, so everything before it is older too; a clock stepped back
+    mid-log is the exception and may hide records written before the step). A file never reached
+    is never opened. Problems: those of the lines parsed, oldest first. Raises ValueError when
+    `limit` < 1."""
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    out = ReadResult()
+    parts: list[tuple[list[dict[str, Any]], list[Problem]]] = []  # per file, newest file first
+    found = 0
+    done = False
+    for path in reversed(audit_files(directory)):
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            parts.append(([], [Problem(str(path), 0, f"cannot be read: {e.strerror or e}", "")]))
+            continue
+        out.files_read.append(str(path))
+        lines = data.split(b"\n")
+        ends_clean = data.endswith(b"\n") or not data
+        recs: list[dict[str, Any]] = []
+        problems: list[Problem] = []
+        for i in range(len(lines), 0, -1):
+            raw = lines[i - 1]
+            if not raw.strip():
+                continue
+            out.lines_parsed += 1
+            got = _parse_line(raw, str(path), i, i == len(lines) and not ends_clean)
+            if isinstance(got, Problem):
+                problems.append(got)
+                continue
+            t = got.get("time_s")
+            if since_s is not None and isinstance(t, (int, float)) and t < since_s:
+                done = True
+                break
+            if found == limit:
+                out.truncated = done = True
+                break
+            recs.append(got)
+            found += 1
+        recs.reverse()
+        problems.reverse()
+        parts.append((recs, problems))
+        if done:
+            break
+    for recs, problems in reversed(parts):
+        out.records.extend(recs)
+        out.problems.extend(problems)
     return out
 
 

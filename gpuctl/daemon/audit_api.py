@@ -6,6 +6,11 @@ that is not a GET/HEAD it writes a ``request`` ``begin`` record (who, request id
 request with that audit context (so the state's commit hook names who made the change), then
 writes the ``end`` record (status, outcome) before returning the answer. When the begin record
 cannot be written the request is refused with 503 ``audit_unavailable`` and nothing changes.
+
+``GET /v1/audit[?since_s=T][&limit=N]``: the newest N records (default and most
+MAX_RECORDS_PER_ANSWER) with ``time_s >= T``, oldest first; ``truncated`` when older ones matched
+too. Only the files and lines that answer needs are read (gpuctl.daemon.audit.read_newest), not
+the whole rotated log (up to ~96 MiB).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 
 from gpuctl.daemon.api import ApiError, ApiRequest, ControlApi, printable
 from gpuctl.daemon.audit import (MAX_RECORDS_PER_ANSWER, REPORTED_USER_HEADER, AuditLog, AuditWriteError,
-                                 read_records, who_of_peer)
+                                 read_newest, who_of_peer)
 
 log = logging.getLogger("gpuctld.audit")
 
@@ -114,10 +119,15 @@ def install(api: ControlApi, audit: AuditLog) -> None:
                 raise ApiError(400, "invalid_field", f"since_s must be a Unix time in seconds, got {raw[:40]!r}",
                                "since_s")
             since = float(raw)
-        result = read_records(audit.directory, since)
-        records = result.records
-        truncated = len(records) > MAX_RECORDS_PER_ANSWER
-        return 200, {"node": audit.node, "records": records[-MAX_RECORDS_PER_ANSWER:],
-                     "truncated": truncated, "problems": [p.to_json() for p in result.problems]}
+        raw_limit = request.query.get("limit", [None])[-1]
+        limit = MAX_RECORDS_PER_ANSWER
+        if raw_limit is not None:
+            if not re.fullmatch(r"[0-9]{1,9}", raw_limit) or not 1 <= int(raw_limit) <= MAX_RECORDS_PER_ANSWER:
+                raise ApiError(400, "invalid_field", f"limit must be a whole number from 1 to "
+                               f"{MAX_RECORDS_PER_ANSWER}, got {raw_limit[:40]!r}", "limit")
+            limit = int(raw_limit)
+        result = read_newest(audit.directory, since, limit)
+        return 200, {"node": audit.node, "records": result.records, "truncated": result.truncated,
+                     "problems": [p.to_json() for p in result.problems]}
 
     api.add_route("GET", "/v1/audit", get_audit)

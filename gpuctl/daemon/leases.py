@@ -396,6 +396,19 @@ class LeaseManager:
                 if mps_daemon is not None:
                     self.mps.release(gpu_uuid, lease_id)
                 raise
+            # the ttl counts from now, when the lease is in place: a worker that took seconds to
+            # start (a loaded node) must not leave a lease that has expired before it is answered
+            now = self.clock()
+            expires = now + req.ttl_s
+            try:
+                handle.extend(expires)
+            except ProcessLookupError:
+                self._stop_worker(handle, lease_id, "worker exited at start")
+                if mps_daemon is not None:
+                    self.mps.release(gpu_uuid, lease_id)
+                raise WorkerStartFailed(
+                    f"the data-path worker for a lease on GPU {gpu_index} ({gpu_uuid}) of {self.hostname} exited "
+                    f"right after it started; nothing was leased") from None
             lease = Lease(id=lease_id, department=req.department, slice_ids=[s.id for s in chosen],
                           owner=req.owner, ttl_s=req.ttl_s, created_s=now, heartbeat_s=now,
                           expires_s=expires, endpoint=endpoint)
@@ -461,14 +474,18 @@ class LeaseManager:
             from gpuctl.daemon.native import NativeHandle
 
             return NativeHandle(lease_id=lease_id, grace_s=self.native_grace_s), None
+        from gpuctl.datapath.launcher import READY_TIMEOUT_S
+
         extra: dict[str, Any] = {}
         if mps_daemon is not None:
             extra["mps_pipe_dir"] = str(mps_daemon.pipe_dir)
         try:
+            # the worker's first deadline leaves room for its own start (the launcher waits up to
+            # READY_TIMEOUT_S); grant() then moves it to the lease's expiry
             handle = self._start_worker(
                 lease_id=lease_id, token=token, quota_bytes=quota, compute_share=share,
                 executor=self.executor, gpu_uuid=gpu_uuid, bind=self.bind, port=0,
-                expires_at_s=expires, run_as_user=self.worker_user, **extra)
+                expires_at_s=expires + READY_TIMEOUT_S, run_as_user=self.worker_user, **extra)
         except Exception as e:  # noqa: BLE001 - any launcher failure refuses the grant, cleanly
             raise WorkerStartFailed(
                 f"the data-path worker for a lease on GPU {gpu_index} ({gpu_uuid}) of {self.hostname} did not "

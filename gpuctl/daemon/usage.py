@@ -13,7 +13,9 @@ machine slept, or the clock stepped forward) and any time before the high-water 
 ``recorded_through_s`` (a clock stepped back never records a minute twice).
 
 :class:`UsageService` runs the recorder on the daemon: a thread that observes the sampler every
-``tick_s`` and, every ``rollup_every_s``, rolls complete hours up and expires old rows.
+``tick_s`` and, every ``rollup_every_s``, rolls complete hours up and expires old rows; the usage
+routes call :meth:`UsageService.record_now` before they read, so a minute that has ended is
+answered from the database whether or not the thread has had its turn yet.
 """
 
 from __future__ import annotations
@@ -219,10 +221,18 @@ class UsageService:
             t.start()
             self._threads.append(t)
 
+    def record_now(self) -> None:
+        """Observe the sampler now, as the observe thread does every ``tick_s``: the minutes that
+        ended since its last round are written before this returns. Readers call it first, so a
+        minute that ended before their period's end is in the database even when the thread is
+        late (a loaded machine): without it a report asked a few seconds after a minute ended could
+        miss that minute. Raises what the recorder or the database raises."""
+        self.recorder.observe(self.sampler.latest())
+
     def _observe_loop(self) -> None:
         while not self._stop.wait(self.tick_s):
             try:
-                self.recorder.observe(self.sampler.latest())
+                self.record_now()
             except Exception as e:  # noqa: BLE001 - accounting must never stop the daemon
                 log.error("usage: could not record: %s", e)
 

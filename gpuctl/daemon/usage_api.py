@@ -9,7 +9,9 @@
        "owned_gpu_s", "leased_gpu_s", "used_gpu_s", "sm_known_gpu_s", "idle_gpu_s", "outside_gpu_s"}],
        "refusals": [{"department", "count", "gpu_equivalents"}]}
 
-  Whole hours already rolled up are read from the hourly tables (``sources`` says which).
+  Whole hours already rolled up are read from the hourly tables (``sources`` says which). Both
+  routes first record up to now (UsageService.record_now): a minute that ended before U is
+  answered whole even when the recorder's thread has not had its turn since.
 - ``GET /v1/usage/history?since=S&until=U&step_s=N[&gpu=UUID]``: mean SM utilization and memory
   used per step (gpuctl.daemon.usage_db.UsageDb.gpu_history); at most :data:`MAX_HISTORY_POINTS`
   steps per GPU.
@@ -21,10 +23,13 @@ A lease request refused with ``insufficient_slices`` is recorded as a refusal of
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from gpuctl.daemon.api import ApiError, ApiRequest, ControlApi
 from gpuctl.daemon.usage import UsageService
+
+log = logging.getLogger("gpuctld.usage")
 
 #: Bucket lengths of ``every``, seconds, and their origin (weeks start on Monday 00:00 UTC).
 EVERY = {"day": (86400, 0), "week": (7 * 86400, 4 * 86400)}
@@ -75,6 +80,7 @@ def install(api: ControlApi, service: UsageService, gpu_index: dict[str, int]) -
         if every is not None and every not in EVERY:
             raise ApiError(400, "invalid_field", f"every must be one of {', '.join(EVERY)}, got {every[:40]!r}", "every")
         bucket, origin = EVERY[every] if every else (None, 0)
+        _record_now(service)
         db = service.db
         return 200, {
             "node": api.hostname, "since_s": since, "until_s": until, "every": every,
@@ -102,6 +108,7 @@ def install(api: ControlApi, service: UsageService, gpu_index: dict[str, int]) -
         gpu = _one(request, "gpu", required=False)
         if gpu is not None and gpu not in gpu_index:
             raise ApiError(404, "unknown_gpu", f"no GPU {gpu[:80]!r} on node {api.hostname}", "gpu")
+        _record_now(service)
         return 200, {"node": api.hostname, "since_s": since, "until_s": until, "step_s": step,
                      "points": service.db.gpu_history(gpu, since, until, step)}
 
@@ -113,6 +120,15 @@ def install(api: ControlApi, service: UsageService, gpu_index: dict[str, int]) -
             _record_refusal(service, request, str(error))
 
     api.refusal_hooks.append(record_refusal)
+
+
+def _record_now(service: UsageService) -> None:
+    """Write the minutes that ended since the recorder's last round before reading (the recorder's
+    thread may be late on a loaded node). A failure is logged and the database answers as it is."""
+    try:
+        service.record_now()
+    except Exception as e:  # noqa: BLE001 - the thread retries; the answer is still what is recorded
+        log.error("usage: could not record before reading: %s", e)
 
 
 def _record_refusal(service: UsageService, request: ApiRequest, message: str) -> None:

@@ -165,6 +165,11 @@ class PrometheusFleetSource:
                                   "for changes")
         return self.control.reassign(request)
 
+    def fleet_client(self) -> Any:
+        """The SSH control source's FleetClient (usage reports and history come from the nodes'
+        gpuctld, not from Prometheus); None without `control`."""
+        return None if self.control is None else self.control.fleet_client()
+
     def close(self) -> None:
         """Close the HTTP client and the control client (idempotent)."""
         self._http.close()

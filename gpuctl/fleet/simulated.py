@@ -341,6 +341,10 @@ class SimulatedFleetSource:
             self._check_open()
         return reassign(self._client, request)
 
+    def fleet_client(self) -> None:
+        """None: the in-process daemons keep no usage accounting (FleetSource.fleet_client)."""
+        return None
+
     def close(self) -> None:
         """Mark the source closed (later calls raise FleetSourceError) and close the client; idempotent."""
         with self._lock:

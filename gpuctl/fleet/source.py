@@ -28,6 +28,11 @@ class FleetSource(Protocol):
     the value to pass next time (BLOCKING). close(): release connections; idempotent.
     reassign(request): plan and run a gpuctl.fleet.reassign.ReassignRequest, returning a
     ReassignResult (BLOCKING; raises gpuctl.fleet.reassign.ReassignError for an invalid request).
+    fleet_client(): the gpuctl.fleet.client.FleetClient that reaches the nodes' gpuctld control
+    APIs, for what only the daemons keep (usage reports and usage history,
+    gpuctl.fleet.usage_report), or None when the source has none (the in-process simulated fleet,
+    a Prometheus source without SSH control). Does not block; the caller does not close it (close()
+    does).
     """
 
     departments: list[model.Department]
@@ -39,6 +44,8 @@ class FleetSource(Protocol):
     def close(self) -> None: ...
 
     def reassign(self, request: Any) -> Any: ...
+
+    def fleet_client(self) -> FleetClient | None: ...
 
 
 class LiveFleetSource:
@@ -64,6 +71,10 @@ class LiveFleetSource:
     def reassign(self, request: ReassignRequest) -> ReassignResult:
         """Plan and execute `request` (BLOCKING); raises ReassignError for an invalid request."""
         return reassign(self.client, request)
+
+    def fleet_client(self) -> FleetClient:
+        """`client`: the nodes' control APIs (usage reports and history read through it)."""
+        return self.client
 
     def close(self) -> None:
         """Close the client's connections (idempotent)."""

@@ -207,26 +207,27 @@ class NoUsageSource(Exception):
 
 
 def _fleet_client(source: Any) -> Any:
-    """The gpuctl.fleet.client.FleetClient behind a console FleetSource: the source itself, a
-    LiveFleetSource's ``client``, or a Prometheus source's SSH ``control`` (itself a source)."""
-    control = getattr(source, "control", None)
-    for cand in (source, getattr(source, "client", None), control, getattr(control, "client", None)):
-        if cand is not None and hasattr(cand, "fan_out") and hasattr(cand, "clients"):
-            return cand
-    return None
+    """The gpuctl.fleet.client.FleetClient to ask for usage: `source` itself when it is one, else
+    what the FleetSource offers (FleetSource.fleet_client; None: it keeps no usage accounting).
+    Raises NoUsageSource when there is none."""
+    from gpuctl.fleet.client import FleetClient
+
+    fleet = source if isinstance(source, FleetClient) else source.fleet_client()
+    if fleet is None:
+        raise NoUsageSource("this fleet source keeps no usage accounting (only gpuctld nodes do)")
+    return fleet
 
 
 def report_from_source(source: Any, since_s: float, until_s: float, by: str = "department",
                        every: str | None = None) -> dict[str, Any]:
     """A report (build_report's shape) from a console FleetSource: its own ``usage_report`` method
-    when it has one, else the nodes' GET /v1/usage through its fleet client (the source itself
-    when it fans out, or its SSH ``control`` client). BLOCKING (network). Raises NoUsageSource."""
+    when it has one, else the nodes' GET /v1/usage through the FleetClient it offers
+    (FleetSource.fleet_client; or `source` itself when it is a FleetClient). BLOCKING (network).
+    Raises NoUsageSource when it offers none."""
     own = getattr(source, "usage_report", None)
     if callable(own):
         return own(since_s, until_s, by, every)
     fleet = _fleet_client(source)
-    if fleet is None:
-        raise NoUsageSource("this fleet source keeps no usage accounting (only gpuctld nodes do)")
     order = [n.name for n in fleet.config.nodes] if hasattr(fleet, "config") else None
     return build_report(collect(fleet, since_s, until_s, every), by, node_order=order)
 
@@ -236,15 +237,13 @@ def gpu_history_from_source(source: Any, node: str, uuid: str, since_s: float, u
     """Mean SM utilization and memory used of one GPU per `step_s` from the node's usage
     accounting (GET /v1/usage/history; hourly rollups when the step is whole hours): the points
     ``[{"ts", "gpu_uuid", "sm_util_pct", "memory_used_bytes", "sampled_s"}]``, oldest first.
-    Uses the source's own ``usage_history`` when it has one, else its fleet client (the source
-    itself, or its SSH ``control``). BLOCKING (network). Raises NoUsageSource, or the client's
-    NodeError."""
+    Uses the source's own ``usage_history`` when it has one, else the FleetClient it offers
+    (FleetSource.fleet_client, or `source` itself when it is a FleetClient). BLOCKING (network).
+    Raises NoUsageSource, or the client's NodeError."""
     own = getattr(source, "usage_history", None)
     if callable(own):
         return own(node, uuid, since_s, until_s, step_s)
     fleet = _fleet_client(source)
-    if fleet is None:
-        raise NoUsageSource("this fleet source keeps no usage accounting (only gpuctld nodes do)")
     since = int(since_s) // step_s * step_s
     answer = fleet.clients[node].request("GET", "/v1/usage/history", params={
         "since": since, "until": int(until_s), "step_s": step_s, "gpu": uuid})

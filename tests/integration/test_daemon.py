@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from daemon_proc import start_daemon, uds_client
+from waiting import wait_for
 from gpuctl.backends.base import GpuBackend
 from gpuctl.backends.simulated import SimulatedBackend
 from gpuctl.daemon.api import ControlApi
@@ -612,7 +613,9 @@ def test_daemon_logs_changes_not_polls(tmp_path):
                                             "moves": [{"slice_id": sid, "from": UNASSIGNED, "to": "research"}]})
             assert r.status_code == 200, r.text
             assert c.get("/v1/nothing-here").status_code == 404
-        time.sleep(0.3)
+        # a request's log line comes after its answer: wait for the last one (the GETs before it
+        # would have been logged by then)
+        assert wait_for(lambda: '"GET /v1/nothing-here HTTP/1.1" 404 ' in d.stderr_text(), 10), d.stderr_text()
         text = d.stderr_text()
         assert '"GET /v1/status' not in text and '"GET /v1/health' not in text
         assert re.search(r'"POST /v1/assign HTTP/1.1" 200 ', text), text
@@ -623,8 +626,7 @@ def test_daemon_logs_changes_not_polls(tmp_path):
     try:
         with uds_client(loud.socket_path) as c:
             c.get("/v1/status")
-        time.sleep(0.3)
-        assert '"GET /v1/status HTTP/1.1" 200 ' in loud.stderr_text()
+        assert wait_for(lambda: '"GET /v1/status HTTP/1.1" 200 ' in loud.stderr_text(), 10), loud.stderr_text()
     finally:
         loud.stop()
 

@@ -14,6 +14,7 @@ import pytest
 
 from daemon_proc import start_daemon, uds_client
 from fake_mps import calls, install_fake_mps, path_with
+from waiting import wait_for
 from fleet_fixtures import daemon_slices
 from gpuctl.daemon.mps import MpsError, MpsManager, MpsUserConflict, mps_client_env
 from gpuctl.daemon.native import native_env
@@ -144,6 +145,8 @@ def test_gpuctld_auto_starts_mps_for_fractional_leases_only(tmp_path):
     bin_dir, log = install_fake_mps(tmp_path)
     d = start_daemon(tmp_path, gpus=2, extra_args=["--mps", "auto"], env={"PATH": path_with(bin_dir)})
     try:
+        # the ready line is printed once the server answers: wait for it, not for /v1/health
+        assert wait_for(lambda: "gpuctld ready" in d.stderr_text(), 10), d.stderr_text()
         assert "mps=auto" in d.stderr_text()
         _give(d.socket_path, "research", fraction_split=4)
         whole_gpu = _grant(d.socket_path, gpus=1, attach="native")  # all four quarters: the whole GPU

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from daemon_proc import REPO_ROOT, start_daemon, uds_client
-from fleet_fixtures import (cli_process, daemon_slices, local_node, run_cli, ssh_cli_args, sshd_node,
+from fleet_fixtures import (cli_env, cli_process, daemon_slices, local_node, run_cli, ssh_cli_args, sshd_node,
                             write_fleet_config)
 from gpuctl.backends.simulated import MEMORY_TOTAL_BYTES
 from gpuctl.daemon.native import NativeHandle, ProcessRefused
@@ -144,6 +144,43 @@ HANDLER = textwrap.dedent("""
     print("ready", os.getpid(), flush=True)
     time.sleep(60)
 """)
+
+
+SIGNAL_AT_RECORD = textwrap.dedent("""
+    import os, signal, sys, time
+    import gpuctl.fleet.native_run as native_run
+    from gpuctl.cli import main
+
+    recorded = native_run.record_pid
+
+    def catches_sigterm(pid):
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(line.split()[1] for line in f if line.startswith("SigCgt:"))
+        return int(caught, 16) >> (signal.SIGTERM - 1) & 1
+
+    def record_then_signal(client, lease_id, proc, err):
+        while not catches_sigterm(proc.pid):  # CMD is ready (its handler is set), as the test waits for
+            time.sleep(0.01)
+        recorded(client, lease_id, proc, err)
+        os.kill(os.getpid(), signal.SIGTERM)  # the pid is on the node: a test (or an admin) may signal now
+
+    native_run.record_pid = record_then_signal
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def test_signal_that_comes_as_soon_as_the_pid_is_recorded_is_forwarded(node, cfg):
+    """The race behind the SIGTERM-over-SSH test's flakes under load: a test sees the pid in GET
+    /v1/leases and signals gpuctl at once; gpuctl's handlers must already be in place then (they
+    were installed only after record_pid returned: a SIGTERM in between killed gpuctl itself and
+    CMD ran on until the lease's expiry). Deterministic: gpuctl signals itself right after
+    recording."""
+    p = subprocess.run([sys.executable, "-c", SIGNAL_AT_RECORD, "--config", cfg, "run", "--native", "--dept",
+                        "research", "--gpus", "0.25", "--", sys.executable, "-c", HANDLER],
+                       capture_output=True, text=True, env=cli_env(), timeout=60)
+    assert p.returncode == 42, p.stderr
+    assert p.stdout.split()[0] == "ready" and p.stdout.splitlines()[-1] == "got SIGTERM"
+    assert "released lease" in p.stderr
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import shutil
+import time
 
 import httpx
 import pytest
@@ -33,9 +34,21 @@ def demo(tmp_path_factory):
         shutil.rmtree(root, ignore_errors=True)
 
 
+def fixed_period(days: int) -> list[str]:
+    """``--since`` / ``--until`` as fixed times (`days` before a few seconds ago, and then): reports
+    compared with each other must cover the same period; "30d" and "now" move when a command
+    starts after a minute (or an hour) has turned."""
+    import datetime as dt
+
+    until = dt.datetime.fromtimestamp(int(time.time()) - report_cli.WRITE_DELAY_S, dt.timezone.utc)
+    since = until - dt.timedelta(days=days)
+    return ["--since", since.strftime("%Y-%m-%dT%H:%M:%S"), "--until", until.strftime("%Y-%m-%dT%H:%M:%S")]
+
+
 def test_demo_history_report_adds_up_to_gpus_times_hours(demo):
     fleet, _ = demo
-    r = run_cli("--config", str(fleet.config_path), "report", "--since", "30d", "--by", "department", "--json")
+    period = fixed_period(30)
+    r = run_cli("--config", str(fleet.config_path), "report", *period, "--by", "department", "--json")
     assert r.code == 0, r.stderr
     rep = r.json
     assert rep["fleet_gpus"] == 8 and rep["unreachable_nodes"] == {}
@@ -53,10 +66,10 @@ def test_demo_history_report_adds_up_to_gpus_times_hours(demo):
         assert row["mean_sm_util_pct"] == pytest.approx(100 * row["used_gpu_h"] / row["owned_gpu_h"], rel=1e-6)
     assert sum(row["leased_gpu_h"] for row in rep["rows"]) > 10  # the past has leases in it
     # the same period by node and by GPU gives the same owned total; each GPU is owned for the whole period
-    by_node = run_cli("--config", str(fleet.config_path), "report", "--since", "30d", "--by", "node", "--json").json
+    by_node = run_cli("--config", str(fleet.config_path), "report", *period, "--by", "node", "--json").json
     assert [row["node"] for row in by_node["rows"]] == ["sim-01", "sim-02"]
     assert by_node["total"]["owned_gpu_h"] == pytest.approx(owned, rel=1e-9)
-    by_gpu = run_cli("--config", str(fleet.config_path), "report", "--since", "30d", "--by", "gpu", "--json").json
+    by_gpu = run_cli("--config", str(fleet.config_path), "report", *period, "--by", "gpu", "--json").json
     assert [(row["node"], row["index"]) for row in by_gpu["rows"]] == [(n, i) for n in ("sim-01", "sim-02")
                                                                        for i in range(4)]
     for row in by_gpu["rows"]:
@@ -65,8 +78,10 @@ def test_demo_history_report_adds_up_to_gpus_times_hours(demo):
 
 def test_every_day_rows_add_up_to_the_period(demo):
     fleet, _ = demo
-    one = run_cli("--config", str(fleet.config_path), "report", "--since", "10d", "--json").json
-    daily = run_cli("--config", str(fleet.config_path), "report", "--since", "10d", "--every", "day", "--json").json
+    period = fixed_period(10)
+    one = run_cli("--config", str(fleet.config_path), "report", *period, "--json").json
+    daily = run_cli("--config", str(fleet.config_path), "report", *period, "--every", "day", "--json").json
+    assert (one["since_s"], one["until_s"]) == (daily["since_s"], daily["until_s"])
     assert len({row["bucket"] for row in daily["rows"]}) in (10, 11)
     for dept in {row["department"] for row in one["rows"]}:
         total = sum(row["owned_gpu_h"] for row in daily["rows"] if row["department"] == dept)
@@ -204,6 +219,7 @@ def test_history_and_report_from_a_fleet_client(demo):
 
     from gpuctl.fleet.client import FleetClient, default_transport_factory
     from gpuctl.config import load_config
+    from gpuctl.fleet.source import LiveFleetSource
     from gpuctl.fleet.usage_report import gpu_history_from_source, report_from_source
 
     fleet, _ = demo
@@ -212,6 +228,9 @@ def test_history_and_report_from_a_fleet_client(demo):
         now = time.time()
         rep = report_from_source(client, now - 7 * 86400, now)
         assert rep["fleet_gpus"] == 8 and rep["total"]["owned_gpu_h"] > 0
+        # the console's LiveFleetSource offers that client (FleetSource.fleet_client)
+        via = report_from_source(LiveFleetSource(client), now - 7 * 86400, now)
+        assert via["fleet_gpus"] == 8 and via["total"]["owned_gpu_h"] == pytest.approx(rep["total"]["owned_gpu_h"])
         uuid = client.snapshot().nodes[1].gpus[0].uuid
         pts = gpu_history_from_source(client, "sim-02", uuid, now - 86400, now, 900)
         assert 95 <= len(pts) <= 97 and all(p["gpu_uuid"] == uuid for p in pts)
