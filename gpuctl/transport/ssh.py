@@ -477,12 +477,18 @@ class SshTransport:
             name = host.host_key_alias or host_entry_name(host.hostname, host.port)
             options = t.get_security_options()
             options.key_types = _preferred_key_types(known.known_key_types(name), tuple(options.key_types))
+            started = time.monotonic()
             try:
                 t.start_client(timeout=self.timeout_s)
             except (paramiko.SSHException, EOFError, OSError) as exc:
                 cause = exc.__cause__ or exc.__context__
                 text = str(exc)
-                if isinstance(cause, (socket.timeout, TimeoutError)) or "timed out" in text.lower() or "timeout" in text.lower():
+                # a server that said nothing for the whole timeout timed out, whichever of
+                # paramiko's threads noticed first and however it words it (under load its
+                # banner reader can end with an empty EOFError/timeout after the deadline)
+                waited = time.monotonic() - started >= self.timeout_s * 0.95
+                if waited or isinstance(cause, (socket.timeout, TimeoutError)) or "timed out" in text.lower() \
+                        or "timeout" in text.lower():
                     raise _StepError(f"timed out after {self.timeout_s:g} s waiting for the SSH server", "timeout") from exc
                 if "banner" in text.lower():
                     raise _StepError(f"no SSH server answered ({text})") from exc
