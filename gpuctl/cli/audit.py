@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from gpuctl.daemon.audit import MAX_RECORDS_PER_ANSWER
 from gpuctl.exit_codes import ExitCode
 
 
@@ -23,6 +24,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only records since: a duration back from now (2h, 1d) or a time (ISO 8601, 'today 08:00')")
     parser.add_argument("--dept", metavar="DEPT", help="only changes that moved slices or leases of this department")
     parser.add_argument("--node", metavar="NAME", help="only this node's log")
+    parser.add_argument("--limit", metavar="N", type=_limit,
+                        help=f"only each node's newest N records (1 to {MAX_LIMIT}; default: all the node sends, "
+                             f"at most {MAX_LIMIT})")
+
+
+#: The most records one node sends per answer (the daemon's rule, one copy).
+MAX_LIMIT = MAX_RECORDS_PER_ANSWER
+
+
+def _limit(text: str) -> int:
+    """``--limit``'s value: a whole number from 1 to MAX_LIMIT (argparse says the error)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_LIMIT}, got {text!r}") from None
+    if not 1 <= n <= MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_LIMIT}, got {text!r}")
+    return n
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,12 +69,12 @@ def _run(args: argparse.Namespace) -> int:
             raise UsageError(f"--since: {e}") from None
     fleet = open_fleet(args, cfg)
     try:
-        view = audit_records(fleet, since_s, args.dept, args.node)
+        view = audit_records(fleet, since_s, args.dept, args.node, args.limit)
     finally:
         fleet.close()
     records, problems = view.records, view.problems
     for node in view.truncated:
-        err(f"node {node}: only its newest records were sent; use --since")
+        err(f"node {node}: only its newest records were sent; use --since" + ("" if args.limit else " or --limit"))
     if args.json:
         emit_json({"records": records, "problems": problems,
                     "unreachable": {n: str(e) for n, e in view.errors.items()}})

@@ -250,10 +250,15 @@ class NodeClient:
         """DELETE /v1/schedule/{id}: ``{"entry"}``; None when this node has no such entry."""
         return self.request("DELETE", f"/v1/schedule/{urllib.parse.quote(entry_id, safe='')}", ok_404=True)
 
-    def audit(self, since_s: float | None = None) -> dict[str, Any]:
-        """GET /v1/audit: ``{"node", "records", "truncated", "problems"}``."""
-        params = {"since_s": f"{since_s:.3f}"} if since_s is not None else None
-        return self.request("GET", "/v1/audit", params=params)
+    def audit(self, since_s: float | None = None, limit: int | None = None) -> dict[str, Any]:
+        """GET /v1/audit: ``{"node", "records", "truncated", "problems"}``: the node's newest
+        `limit` records (the daemon's maximum when None) since `since_s` (Unix seconds)."""
+        params: dict[str, str] = {}
+        if since_s is not None:
+            params["since_s"] = f"{since_s:.3f}"
+        if limit is not None:
+            params["limit"] = str(int(limit))
+        return self.request("GET", "/v1/audit", params=params or None)
 
     def close(self) -> None:
         """Close the node's connection now, without waiting for a request in flight (which then

@@ -236,9 +236,10 @@ def filter_dept(records: list[dict[str, Any]], dept: str) -> list[dict[str, Any]
 
 
 def audit_records(fleet: Any, since_s: float | None = None, dept: str | None = None,
-                  node: str | None = None) -> AuditView:
-    """GET /v1/audit of every node (or one), merged by time, filtered by department."""
-    res = fleet.fan_out(lambda c: c.audit(since_s), [node] if node else None)
+                  node: str | None = None, limit: int | None = None) -> AuditView:
+    """GET /v1/audit of every node (or one; each node's newest `limit` records when given),
+    merged by time, filtered by department (after the limit: a node's newest records)."""
+    res = fleet.fan_out(lambda c: c.audit(since_s, limit), [node] if node else None)
     view = AuditView(errors=dict(res.errors))
     for name, doc in res.values.items():
         view.records += [{**r, "node_name": name} for r in doc.get("records", [])]
