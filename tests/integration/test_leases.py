@@ -250,14 +250,15 @@ def test_ttl_expiry_frees_slices_and_stops_worker(node):
 
 def test_heartbeat_keeps_the_lease_past_its_ttl(node):
     d, c, ids = node
-    ans = grant(c, gpus=0.25, ttl_s=1.2).json()
+    ans = grant(c, gpus=0.25, ttl_s=2.5).json()
     lid = ans["lease"]["id"]
     first_expiry = ans["lease"]["expires_s"]
-    for _ in range(4):  # 1.8 s in all, past the 1.2 s ttl
-        time.sleep(0.45)
+    start = time.monotonic()
+    while time.monotonic() - start < 3.2:  # past the 2.5 s ttl; a heartbeat every 0.4 s leaves
+        time.sleep(0.4)                     # 2 s of room for a loaded machine
         r = c.post(f"/v1/leases/{lid}/heartbeat", json={})
         assert r.status_code == 200, r.text
-    assert r.json()["expires_s"] > first_expiry + 1.5
+    assert r.json()["expires_s"] > first_expiry + 3.0
     listed = c.get("/v1/leases").json()["leases"]
     assert [x["id"] for x in listed] == [lid] and listed[0]["expires_s"] == r.json()["expires_s"]
     assert remote_sum(ans["attach"], 10) == 90.0  # the worker's deadline moved too
