@@ -22,7 +22,9 @@ from collections.abc import Callable
 
 from rich.segment import Segment
 from rich.style import Style as RichStyle
+from textual import events, on
 from textual.app import ComposeResult
+from textual.await_complete import AwaitComplete
 from textual.color import Color
 from textual.css.query import NoMatches
 from textual.renderables.background_screen import BackgroundScreen
@@ -217,6 +219,24 @@ class GpuctlModal(ModalScreen[ScreenResultType]):
         self._dirty_lines: set[int] = set()
         #: Backdrop lines drawn (tests: a dialog does not redraw the screen below on each repaint).
         self.backdrop_lines_drawn = 0
+        self._dismissed = False
+
+    def dismiss(self, result: ScreenResultType | None = None) -> AwaitComplete:
+        """Textual's dismiss, once, and only while this dialog is the top screen.
+
+        Textual's runs the result callback and pops whatever screen is on top, each time it is
+        called: a key that reaches a dialog while it is being dismissed (Enter Enter in a picker,
+        typed as one burst) ran the callback twice and popped the screen below. A second call,
+        or a call once another screen is on top, does nothing (returns a completed awaitable)."""
+        if self._dismissed or self.app.screen is not self:
+            return AwaitComplete()
+        self._dismissed = True
+        return super().dismiss(result)
+
+    @on(events.ScreenResume)
+    def _may_be_dismissed_again(self) -> None:
+        """On top again (pushed anew, or a screen above it closed): one dismiss is allowed."""
+        self._dismissed = False
 
     def refresh(self, *regions, **kwargs):  # noqa: ANN001, ANN201 - Widget.refresh's signature
         # A screen below that repaints part of itself (a widget losing the focus to this modal,

@@ -882,3 +882,51 @@ async def test_colon_bar_on_the_board_survives_a_poll_and_runs_the_command(sourc
         await pilot.press("a", "s", "e", "s", "enter")
         await settle(app, pilot)
         assert isinstance(app.screen, LeasesScreen)
+
+
+async def test_a_second_enter_in_the_department_picker_is_swallowed_not_sent_to_the_board(source):
+    """Found by a new-admin trial in tmux: `m`, then Enter Enter (pick plus a blind Enter). The
+    picker was dismissed twice: its callback ran twice (two confirmation dialogs) and the second
+    dismiss popped the board itself, leaving the fleet table under the dialog. A modal is dismissed
+    once; keys that reach it after that are dropped."""
+    from textual import events
+
+    app = make_app(source)
+    idle = find(source, department=model.UNASSIGNED, leased=False)[0]
+    before = owners(source)
+    async with app.run_test(size=SIZE) as pilot:
+        board = await open_board(app, pilot)
+        assert board.focus_slice(idle.id)
+        await pilot.press("m")
+        picker = app.screen
+        assert isinstance(picker, DepartmentPickerScreen)
+        stack_below = list(app.screen_stack[:-1])
+        for key in ("down", "enter", "enter", "enter"):  # one burst, as a terminal delivers it
+            app.post_message(events.Key(key, None))
+        await settle(app, pilot)
+        assert isinstance(app.screen, MoveConfirmScreen)
+        assert app.screen_stack[:-1] == stack_below  # the board is still under the one dialog
+        assert sum(isinstance(s, MoveConfirmScreen) for s in app.screen_stack) == 1
+        assert owners(source) == before
+        await wait_armed(app, pilot)
+        await pilot.press("y")
+        await settle(app, pilot)
+        assert app.screen is board
+        assert owners(source)[idle.id] == "training"
+
+
+async def test_a_modal_dismissed_twice_runs_its_callback_once_and_pops_only_itself(source):
+    from gpuctl.screens.confirm import ConfirmScreen
+
+    app = make_app(source)
+    results = []
+    async with app.run_test(size=SIZE) as pilot:
+        board = await open_board(app, pilot)
+        dialog = ConfirmScreen("t", "x")
+        app.push_screen(dialog, results.append)
+        await pilot.pause()
+        dialog.dismiss(False)
+        dialog.dismiss(True)
+        await settle(app, pilot)
+        assert results == [False]
+        assert app.screen is board
