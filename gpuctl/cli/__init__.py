@@ -17,7 +17,7 @@ from typing import Sequence
 from gpuctl import __version__
 from gpuctl.cli.context import VALUE_FLAGS, add_globals
 from gpuctl.cli.errors import UsageError, error_document, exit_code_for, known_exit_code
-from gpuctl.cli.output import emit_json, err, json_emitted, last_message
+from gpuctl.cli.output import emit_json, err, json_emitted, last_message, reader_gone, stdout_reader_gone
 from gpuctl.cli.registry import VERBS, load
 from gpuctl.exit_codes import ExitCode
 
@@ -115,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BaseException as exc:  # noqa: BLE001 - the one place an exception becomes an exit code
         if isinstance(exc, SystemExit):
             raise
+        if stdout_reader_gone(exc):  # `gpuctl status | head -1`: ended by SIGPIPE, as coreutils are
+            return reader_gone(from_process_argv)
         if known_exit_code(exc) is not None:
             return _fail(exit_code_for(exc), "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc),
                          as_json)

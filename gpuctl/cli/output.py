@@ -6,7 +6,11 @@ sizes and slice fractions read the same in a table and on a screen.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import select
+import signal
 import sys
 from typing import Any
 
@@ -49,11 +53,50 @@ def json_emitted() -> bool:
     return _emitted
 
 
-def console(*, stderr: bool = False):
-    """A rich Console for tables (stdout, or stderr for what precedes a question)."""
+def console(*, stderr: bool = False, **kwargs: Any):
+    """A rich Console for tables (stdout, or stderr for what precedes a question); `kwargs` go to
+    rich's Console (width, ...). A closed stdout raises BrokenPipeError (see :func:`reader_gone`),
+    where rich's own Console would exit 1 in silence."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    class _CliConsole(Console):
+        def on_broken_pipe(self) -> None:  # rich: "the reader of stdout went away"
+            raise BrokenPipeError(errno.EPIPE, "stdout: its reader went away")
+
+    return _CliConsole(stderr=stderr, highlight=False, **kwargs)
+
+
+def stdout_reader_gone(exc: BaseException) -> bool:
+    """True when `exc` is a broken pipe and stdout's reader went away (``gpuctl status | head -1``):
+    the write end of a pipe with no reader polls as POLLERR on Linux. A broken pipe to a node or
+    a child process is not this (it stays an error with its message)."""
+    if not (isinstance(exc, OSError) and exc.errno == errno.EPIPE):
+        return False
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def reader_gone(end_process: bool) -> int:
+    """stdout's reader went away: say nothing more on stdout and end as coreutils tools do, by
+    SIGPIPE (a shell shows 141) when this process is the `gpuctl` command (`end_process`), else
+    return 141 (128 + SIGPIPE). stdout is pointed at /dev/null first, so the interpreter's final
+    flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass
+    if end_process:
+        sys.stderr.flush()
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGPIPE)
+    return 128 + signal.SIGPIPE
 
 
 def interactive(args: Any) -> bool:
@@ -168,8 +211,6 @@ def print_table(table: Any, *, ids: frozenset[str] | set[str] = ID_COLUMNS, stde
     while not intact(t, w) and w < 1000:
         w += 10
     if w != width:
-        from rich.console import Console
-
-        con = Console(stderr=stderr, highlight=False, width=w)
+        con = console(stderr=stderr, width=w)
     con.print(t)
     return dropped

@@ -84,10 +84,9 @@ def write_csv(report: dict[str, Any], out: Any) -> None:
 
 
 def _print_table(report: dict[str, Any], suggestions: list[dict[str, Any]] | None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    from gpuctl.cli.output import print_table
+    from gpuctl.cli.output import console, print_table
     from gpuctl.fleet.usage_report import FIGURES
 
     heads = {"owned_gpu_h": "owned GPU-h", "leased_gpu_h": "leased GPU-h", "used_gpu_h": "used GPU-h",
@@ -99,25 +98,28 @@ def _print_table(report: dict[str, Any], suggestions: list[dict[str, Any]] | Non
         t.add_column(k, no_wrap=True)
     for f in FIGURES:
         t.add_column(heads[f], justify="right")
-    t.add_column("")
+    tot = report["total"]
+    # a "note" column only where a row is incomplete (a node did not answer for its period)
+    notes = any(r["incomplete"] for r in report["rows"]) or tot["incomplete"]
+    if notes:
+        t.add_column("note")
     for r in report["rows"]:
         t.add_row(*[str(r.get(k) if r.get(k) is not None else "?") for k in keys],
-                  *[_fmt(r[f]) for f in FIGURES], "incomplete" if r["incomplete"] else "")
-    tot = report["total"]
+                  *[_fmt(r[f]) for f in FIGURES], *(["incomplete" if r["incomplete"] else ""] if notes else []))
     t.add_row(*(["total"] + [""] * (len(keys) - 1)), *[_fmt(tot[f]) for f in FIGURES],
-              "incomplete" if tot["incomplete"] else "", style="bold")
+              *(["incomplete" if tot["incomplete"] else ""] if notes else []), style="bold")
     print_table(t)
-    console = Console(highlight=False)
+    con = console()
     if suggestions is not None:
         if not suggestions:
-            console.print("nothing to move: no lease was refused for lack of free slices in this period")
+            con.print("nothing to move: no lease was refused for lack of free slices in this period")
         for s in suggestions:
             if s["command"]:
-                console.print(f"{s['to']} (priority {s['to_priority']}) had {s['refusals']} lease request(s) refused; "
+                con.print(f"{s['to']} (priority {s['to_priority']}) had {s['refusals']} lease request(s) refused; "
                               f"{s['from']} left {s['idle_owned_gpu_h']:.1f} owned GPU-h idle "
                               f"({100 * s['idle_share']:.0f} %):\n  {s['command']}")
             else:
-                console.print(f"{s['to']} had {s['refusals']} lease request(s) refused; no department with idle "
+                con.print(f"{s['to']} had {s['refusals']} lease request(s) refused; no department with idle "
                               f"owned slices of lower priority to take them from")
 
 

@@ -237,3 +237,23 @@ def test_history_and_report_from_a_fleet_client(demo):
         assert all(0 <= p["sm_util_pct"] <= 100 for p in pts)
     finally:
         client.close()
+
+
+def _header_cells(table_text: str) -> list[str]:
+    header = next(line for line in table_text.splitlines() if line.startswith("┃"))
+    return [c.strip() for c in header.strip("┃").split("┃")]
+
+
+def test_table_names_every_column_and_notes_only_incomplete_rows(demo):
+    fleet, down = demo
+    env = {"COLUMNS": "200"}
+    ok = run_cli("--config", str(fleet.config_path), "report", "--since", "7d", env=env)
+    assert ok.code == 0, ok.stderr
+    cells = _header_cells(ok.stdout)
+    assert all(cells), cells  # no unnamed column (there was one, always empty, for "incomplete")
+    assert cells[0] == "department" and "note" not in cells and "incomplete" not in ok.stdout
+    bad = run_cli("--config", str(down), "report", "--since", "7d", env=env)
+    assert bad.code == 7
+    cells = _header_cells(bad.stdout)
+    assert all(cells) and cells[-1] == "note"
+    assert "incomplete" in bad.stdout
