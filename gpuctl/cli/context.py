@@ -74,8 +74,8 @@ def load_config(args: argparse.Namespace, checks: Any = None):
 
     path, origin = config_path(args)
     if nothing_at(path):
-        hint = ("" if origin == "--config" else
-                " or pass --config FILE (or set GPUCTL_CONFIG)")
+        hint = {"--config": "", "$GPUCTL_CONFIG": " or point GPUCTL_CONFIG (or --config FILE) at one"}.get(
+            origin, " or pass --config FILE (or set GPUCTL_CONFIG)")
         raise CliError(
             f"no fleet config at {path} (from {origin}): write one (see README 'Config file'){hint}; "
             f"`gpuctl demo` runs without one", ExitCode.CONFIG)

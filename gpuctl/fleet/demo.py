@@ -356,8 +356,10 @@ def serve_without_console(fleet: DemoFleet, *, json_out: bool = False, restart_a
         print(json.dumps(info), flush=True)
     else:
         print(f"demo fleet running; config: {fleet.config_path}", flush=True)
+        pids = ", ".join(f"{n.name} {n.proc.pid}" for n in fleet.nodes)
         print(f"try: gpuctl --config {fleet.config_path} status    (Ctrl-C stops the demo; kill a node's "
-              f"gpuctld to see it down, `kill -USR1 {os.getpid()}` restarts it)", file=sys.stderr, flush=True)
+              f"gpuctld to see it down (pids: {pids}), `kill -USR1 {os.getpid()}` restarts it)",
+              file=sys.stderr, flush=True)
     down_since: dict[str, float] = {}
     try:
         while True:

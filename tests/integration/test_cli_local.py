@@ -189,6 +189,9 @@ def test_gpuctl_config_env_and_missing_config_messages(tmp_path):
     r = run_cli("status", env={"GPUCTL_CONFIG": str(missing)})
     assert r.code == 3
     assert f"no fleet config at {missing} (from $GPUCTL_CONFIG)" in r.stderr
+    assert "point GPUCTL_CONFIG (or --config FILE) at one" in r.stderr and "set GPUCTL_CONFIG" not in r.stderr
+    r = run_cli("status", env={"GPUCTL_CONFIG": "", "HOME": str(tmp_path)})  # neither: the default path
+    assert r.code == 3 and "(from the default path)" in r.stderr and "or set GPUCTL_CONFIG" in r.stderr
     r = run_cli("--config", str(missing), "status")
     assert f"no fleet config at {missing} (from --config)" in r.stderr and "pass --config" not in r.stderr
     r = run_cli("config", "path", "--json", env={"GPUCTL_CONFIG": str(missing)})
