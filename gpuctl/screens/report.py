@@ -36,6 +36,11 @@ COLUMNS = (
 )
 
 
+def _gpu_h(v: Any) -> str:
+    """GPU-hours as the table shows them (one decimal; "?" when unknown)."""
+    return "?" if v is None else f"{v:.1f}"
+
+
 class ReportLoaded(Message):
     """A report fetch finished: the period index it was for, the report (build_report's shape) or
     the error in words."""
@@ -129,7 +134,8 @@ class ReportScreen(GpuctlScreen):
         self.report = rep = message.report
         label = PERIODS[self.period][0]
         words = (f"last {label}: {rep['fleet_gpus']} GPUs, {rep['fleet_gpu_hours']:.0f} GPU-h; "
-                 f"owned {rep['total']['owned_gpu_h']:.0f}, used {rep['total']['used_gpu_h']:.0f} GPU-h  "
+                 f"owned {_gpu_h(rep['total'].get('owned_gpu_h'))}, used {_gpu_h(rep['total'].get('used_gpu_h'))} "
+                 f"GPU-h  "
                  f"[p: period]")
         if rep["unreachable_nodes"]:
             words += (f"\nincomplete (*): no answer from {', '.join(rep['unreachable_nodes'])}")

@@ -78,6 +78,8 @@ async def test_report_screen_shows_bars_and_switches_period():
         assert [table.get_row_at(i)[0] for i in range(table.row_count)] == ["research", "training", "unassigned",
                                                                              "total"]
         assert table.get_row_at(3)[1] == "224.0"
+        # the summary line says the table's totals, to the table's decimal
+        assert f"owned 224.0, used {table.get_row_at(3)[3]} GPU-h" in status_text(app)
         await pilot.press("p")
         await settle(app, pilot)
         assert src.asked[-1][1] - src.asked[-1][0] == pytest.approx(30 * 86400)
