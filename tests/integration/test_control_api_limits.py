@@ -1,6 +1,7 @@
 """gpuctld's control socket under abuse: one peer (its own process) holds idle connections, trickles
 requests a byte a second, or sends megabytes of headers, while another peer (this test process)
-must still get its answers within 1 s, and the daemon's memory (VmRSS from /proc) must come back
+must still get its answers (median under 0.5 s, none later than PROBE_LIMIT_S: a peer locked out
+waits 10 s or more; the speed itself is bench/torture.py's), and the daemon's memory (VmRSS from /proc) must come back
 to within 20 % of its baseline. Then each limit on its own, against an in-process server with
 small limits: the total request deadline, the first-byte timeout, the header budget, the
 per-process connection limit.
@@ -12,6 +13,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,18 +55,29 @@ def abuser_stats(p: subprocess.Popen) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+#: A probe answered later than this was locked out, not slowed down: a peer shut out waits for a
+#: slot, i.e. for the abuser's connections to time out (first byte 10 s, formerly idle 300 s). Below
+#: it, a loaded CI machine may still take a second or two for one request (seen: 1.8 s).
+PROBE_LIMIT_S = 4.0
+
+
 def probe(socket_path: Path, n: int) -> list[float]:
     """`n` GET /v1/status requests, each on a fresh connection of this process; their latencies
-    (s). A request not answered 200 within 1 s fails the test."""
+    (s). A request not answered 200 within PROBE_LIMIT_S fails the test."""
     latencies = []
     for _ in range(n):
         t0 = time.monotonic()
-        with uds_client(socket_path, timeout_s=1.0) as c:
+        with uds_client(socket_path, timeout_s=PROBE_LIMIT_S) as c:
             r = c.get("/v1/status")
         latencies.append(time.monotonic() - t0)
         assert r.status_code == 200, r.text
-        assert latencies[-1] < 1.0
+        assert latencies[-1] < PROBE_LIMIT_S
     return latencies
+
+
+def served(latencies: list[float]) -> bool:
+    """Every probe answered within PROBE_LIMIT_S and the typical one promptly (median < 0.5 s)."""
+    return max(latencies) < PROBE_LIMIT_S and statistics.median(latencies) < 0.5
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +110,7 @@ def test_idle_connections_of_one_peer_do_not_lock_others_out(daemon):
         latencies = probe(daemon.socket_path, 100)
     finally:
         stats = abuser_stats(abuser)
-    assert len(latencies) == 100 and max(latencies) < 1.0
+    assert len(latencies) == 100 and served(latencies), latencies
     assert stats["opened"] >= 128
     # one process may hold 32: the rest of its connections were closed to make room
     assert stats["closed_by_daemon"] >= 128 - MAX_CONNECTIONS_PER_PID
@@ -116,7 +129,7 @@ def test_slowloris_of_one_peer_does_not_lock_others_out(daemon):
         latencies = probe(daemon.socket_path, 100)
     finally:
         stats = abuser_stats(abuser)
-    assert max(latencies) < 1.0
+    assert served(latencies), latencies
     assert stats["opened"] >= 200 and stats["closed_by_daemon"] >= 200 - MAX_CONNECTIONS_PER_PID
     rss_back_to(daemon.pid, baseline)
 
@@ -134,7 +147,7 @@ def test_big_headers_are_cut_and_memory_returns_to_baseline(daemon):
             peak = max(peak, rss_bytes(daemon.pid))
     finally:
         stats = abuser_stats(abuser)
-    assert max(latencies) < 1.0 and len(latencies) >= 10
+    assert served(latencies) and len(latencies) >= 10, latencies
     assert stats["answers"].get("431", 0) >= 1, stats  # the header budget answered, not a silent drop
     assert peak < baseline + 64 * 1024 * 1024, (baseline, peak)
     rss_back_to(daemon.pid, baseline)
