@@ -240,7 +240,7 @@ def test_a_connection_that_never_speaks_is_closed_after_the_first_byte_timeout(s
     s = _connect(path)
     t0 = time.monotonic()
     assert _read_all(s) == b""  # closed quietly, no answer
-    assert 0.3 < time.monotonic() - t0 < 2.0
+    assert 0.3 < time.monotonic() - t0 < 4.0  # closed by the server (0.4 s), not left open
     s.close()
 
 
