@@ -1,13 +1,15 @@
 """The one-line header shown on every gpuctl screen: view name, fleet totals, READ-ONLY badge.
 
 "gpuctl ▸ node sim-02 · nodes 4/4 up · 32 GPUs · SM 47% · research 8.5 · training 6 · …"
-(at 80 columns the GPU count and SM go before the departments do).
+(at 80 columns the GPU count and SM go first, then department names are shortened to unique
+prefixes, the last department first ("research 8.5 · training 6 · inf 8 · una 6.25"), before any
+department's total is dropped).
 
 Holds no clock (SVG snapshots stay deterministic). The screen that shows it calls
 :meth:`FleetHeader.show_totals` with each snapshot it renders (gpuctl.screens.base.GpuctlScreen
 does, for the top screen only); the totals are repainted without a layout pass (the header's
-size never changes), and cut to the header's width by dropping whole parts, least important first
-(:func:`fit_totals`), never in the middle of a figure.
+size never changes), and fitted to the header's width by dropping or shortening whole parts,
+least important first (:func:`fit_totals`), never cutting in the middle of a figure.
 """
 
 from __future__ import annotations
@@ -30,12 +32,30 @@ MORE = " · …"
 
 @dataclass(frozen=True)
 class TotalsPart:
-    """One figure of the header: its text, its Rich style ("" for the default) and its rank
-    (0 = most important: dropped last)."""
+    """One figure of the header: its text, its Rich style ("" for the default), its rank
+    (0 = most important: dropped last) and, for a department's total, a shorter text (its name
+    cut to the shortest prefix no other department shares: "res 8.5") used before any
+    department's total is dropped."""
 
     text: str
     style: str
     rank: int
+    short: str | None = None
+
+
+def short_names(names: list[str], least: int = 3) -> dict[str, str]:
+    """Each name cut to its shortest prefix of at least `least` characters that no other name
+    starts with (the whole name when none is: "train" beside "training"). Shape: name -> prefix."""
+    out = {}
+    for name in names:
+        others = [o for o in names if o != name]
+        for n in range(min(least, len(name)), len(name) + 1):
+            if not any(o.startswith(name[:n]) for o in others):
+                out[name] = name[:n]
+                break
+        else:
+            out[name] = name
+    return out
 
 
 def totals_parts(
@@ -102,12 +122,14 @@ def _totals_parts(
     ]
     if missing:
         parts.append(TotalsPart(f"{missing} GPU{'s' if missing != 1 else ''} missing", palette.warning, 1))
+    short = short_names([row.name for row in rows])
     for i, row in enumerate(rows):
         if down and not up:
             figure = "?"
         else:
             figure = f"{row.gpu_equivalents:g}" + ("+?" if down else "")
-        parts.append(TotalsPart(f"{row.name} {figure}", palette.department(row.name), 1 + i))
+        parts.append(TotalsPart(f"{row.name} {figure}", palette.department(row.name), 1 + i,
+                                f"{short[row.name]} {figure}"))
     return parts
 
 
@@ -129,7 +151,16 @@ def fit_totals(parts: list[TotalsPart], width: int | None, palette: Palette) -> 
 
     if width is not None:
         while len(kept) > 1 and length(kept) > width:
-            kept.remove(max(kept[1:], key=lambda p: p.rank))
+            extras = [p for p in kept[1:] if p.short is None and p.rank > 1]  # GPU count, SM
+            if extras:
+                kept.remove(max(extras, key=lambda p: p.rank))
+            elif long := [p for p in kept if p.short is not None and p.text != p.short]:
+                # every department's total before any is dropped: names shortened, the least
+                # important first, only as many as the width needs
+                part = max(long, key=lambda p: p.rank)
+                kept[kept.index(part)] = TotalsPart(part.short, part.style, part.rank, part.short)
+            else:
+                kept.remove(max(kept[1:], key=lambda p: p.rank))
     text.append("· ", style=palette.muted)
     for i, part in enumerate(kept):
         if i:

@@ -237,7 +237,7 @@ async def test_help_lists_each_key_once_and_every_screens_keys(source):
 
 
 async def test_header_names_the_node_and_fits_80_columns_by_dropping_parts(source):
-    from gpuctl.widgets.header import TotalsPart, fit_totals
+    from gpuctl.widgets.header import TotalsPart, fit_totals, short_names
 
     app = make_app(source)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -247,14 +247,17 @@ async def test_header_names_the_node_and_fits_80_columns_by_dropping_parts(sourc
         header = app.screen.query_one("FleetHeader")
         assert str(header.query_one("#header-title").render()) == "gpuctl ▸ node node-02"
         line = screen_lines(app)[0]
-        # the GPU count and SM go first: department totals are kept longest
-        assert line.startswith(" gpuctl ▸ node node-02 · nodes 4/4 up · research ")
-        assert "GPUs" not in line
+        # the GPU count and SM go first, then department names are shortened (the last first),
+        # and only then is a department's total dropped (the last: unassigned)
+        assert line.startswith(" gpuctl ▸ node node-02 · nodes 4/4 up · res ")
+        assert "GPUs" not in line and "SM " not in line
         assert line.rstrip().endswith("· …")  # parts dropped whole, never cut in the middle
         totals = line.split(" · ")
         assert all(part.strip() for part in totals)
-        research = model.gpu_equivalents([s for n in app.snapshot.nodes for s in n.slices() if s.department == "research"])
-        assert f"research {research:g}" in line and "unassigned" not in line
+        share = {d: model.gpu_equivalents([s for n in app.snapshot.nodes for s in n.slices() if s.department == d])
+                 for d in ("research", "training", "inference")}
+        assert f"res {share['research']:g} · tra {share['training']:g} · inf {share['inference']:g} · …" in line
+        assert "una" not in line
     palette = app.palette
     parts = [TotalsPart("nodes 3/4 up", "red", 0), TotalsPart("8 GPUs", "", 2), TotalsPart("SM 50%", "", 1),
              TotalsPart("a 1", "", 3), TotalsPart("b 2", "", 4)]
@@ -263,6 +266,16 @@ async def test_header_names_the_node_and_fits_80_columns_by_dropping_parts(sourc
     assert str(fit_totals(parts, 27, palette)) == "· nodes 3/4 up · SM 50% · …"
     assert str(fit_totals(parts, 5, palette)) == "· nodes 3/4 up · …"  # the node count always stays
     assert str(fit_totals([], 80, palette)) == "waiting for the first fleet snapshot…"
+    named = [TotalsPart("nodes 4/4 up", "", 0), TotalsPart("SM 50%", "", 4),
+             TotalsPart("research 1", "", 1, "res 1"), TotalsPart("training 2", "", 2, "tra 2"),
+             TotalsPart("unassigned 3", "", 3, "una 3")]
+    assert str(fit_totals(named, 64, palette)) == "· nodes 4/4 up · SM 50% · research 1 · training 2 · unassigned 3"
+    assert str(fit_totals(named, 60, palette)) == "· nodes 4/4 up · research 1 · training 2 · unassigned 3 · …"
+    assert str(fit_totals(named, 50, palette)) == "· nodes 4/4 up · research 1 · tra 2 · una 3 · …"
+    assert str(fit_totals(named, 42, palette)) == "· nodes 4/4 up · res 1 · tra 2 · una 3 · …"
+    assert str(fit_totals(named, 41, palette)) == "· nodes 4/4 up · res 1 · tra 2 · …"
+    assert short_names(["research", "res", "training", "train", "inference"]) == {
+        "research": "rese", "res": "res", "training": "traini", "train": "train", "inference": "inf"}
 
 
 async def test_header_totals_repaint_without_a_layout_pass(source, monkeypatch):

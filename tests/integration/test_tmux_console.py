@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from tmux import capture, tmux, wait_for
 
+from gpuctl.widgets.header import short_names
+
 pytestmark = [pytest.mark.tmux,
               pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")]
 
@@ -102,7 +104,11 @@ def test_pixel_mouse_with_a_cell_size_of_0_does_not_end_the_console(console):
 #: Output rate of the slow terminal (bytes/s): the board at rest writes ~18 KB/s, a whole 120x40
 #: frame is ~22 KB: the move dialog reaches the screen ~1 s after it was picked.
 SLOW_TERMINAL_BPS = 25_000
-DEPARTMENT_TOTALS = re.compile(r"(research|training|inference|unassigned) ([0-9.]+)")
+DEPARTMENTS = ("research", "training", "inference", "unassigned")
+#: A department's total in the header, by its name or, where the header is narrow, its shortest
+#: unique prefix (gpuctl.widgets.header.short_names: "res 8.5").
+SHORT_NAMES = {short: name for name, short in short_names(list(DEPARTMENTS)).items()}
+DEPARTMENT_TOTALS = re.compile(r"(?<![\w-])(" + "|".join(DEPARTMENTS + tuple(SHORT_NAMES)) + r") ([0-9.]+)")
 
 
 @pytest.fixture
@@ -127,7 +133,7 @@ def slow_console(tmp_path):
 def _totals(session: str) -> dict[str, str]:
     """The department totals the header shows ("research 8.5", ...; at least two), once it is drawn."""
     screen = wait_for(session, lambda s: len(DEPARTMENT_TOTALS.findall(s.splitlines()[0])) >= 2, timeout_s=15)
-    return dict(DEPARTMENT_TOTALS.findall(screen.splitlines()[0]))
+    return {SHORT_NAMES.get(name, name): figure for name, figure in DEPARTMENT_TOTALS.findall(screen.splitlines()[0])}
 
 
 def test_a_blind_enter_never_confirms_a_move_the_terminal_has_not_shown(slow_console):
