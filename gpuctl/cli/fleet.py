@@ -17,7 +17,7 @@ from gpuctl.cli.errors import UsageError
 from gpuctl.cli.output import confirm, console, emit_json, err, fraction_label, interactive, na, print_table
 from gpuctl.cli.registry import Verb
 from gpuctl.exit_codes import ExitCode
-from gpuctl.format import human_bytes, memory_label, power, temperature
+from gpuctl.format import human_bytes, memory_label, power, safe_gpu_name, temperature
 from gpuctl.model import UNASSIGNED, department_totals
 
 
@@ -101,11 +101,11 @@ def _print_status(snapshot, cfg) -> None:
                 label = f"{x.department} {fraction_label(x.fraction)}" + (" 🔒" if x.leased else "")
                 slices.append(label, style=colors.get(x.department) or ("dim" if x.department == "unassigned" else ""))
             if s and s.error:
-                t.add_row(str(g.identity.index), g.identity.name, Text(s.error, style="red"), "", "", "", slices)
+                t.add_row(str(g.identity.index), Text(safe_gpu_name(g.identity.name)), Text(s.error, style="red"), "", "", "", slices)
                 continue
             mem_total = (s.memory_total_bytes if s else None) or g.identity.memory_total_bytes
             t.add_row(
-                str(g.identity.index), g.identity.name,
+                str(g.identity.index), Text(safe_gpu_name(g.identity.name)),
                 na(s.sm_util_pct if s else None, "{:.0f}"),
                 memory_label(s.memory_used_bytes if s else None, mem_total),
                 temperature(s.temperature_c if s else None),
