@@ -34,10 +34,12 @@ new line after a cut one, and the daemon keeps running.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
 import pwd
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -170,12 +172,18 @@ def _read_file(path: Path, seen: set[tuple[int, int]]) -> tuple[bytes, int, list
     renamed it between listing and reading: its records are not answered twice). At most
     MAX_READ_BYTES_PER_FILE bytes, from the end (the lines before are counted, not kept; the first
     whole line after the cut is the first parsed). Raises OSError when it cannot be read."""
-    try:
-        f = open(path, "rb")
+    try:  # O_NONBLOCK: a FIFO put in its place must not hang the request
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:  # rotated away after audit_files listed it: its records moved on
         return None
-    with f:
-        st = os.fstat(f.fileno())
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO, a device (/dev/zero), a directory
+            raise OSError(errno.EINVAL, "not a regular file")
+    except OSError:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
         if (st.st_dev, st.st_ino) in seen:
             return None
         seen.add((st.st_dev, st.st_ino))

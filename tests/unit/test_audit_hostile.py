@@ -166,8 +166,25 @@ def test_a_file_gone_or_unreadable_between_listing_and_reading(tmp_path, monkeyp
     os.unlink(gone)
     os.mkdir(gone)  # open() fails with an error other than "no such file"
     got = read_newest(tmp_path)
-    assert got.problems[0].file == str(gone) and got.problems[0].error.startswith("cannot be read: Is a directory")
+    assert got.problems[0].file == str(gone) and got.problems[0].error == "cannot be read: not a regular file"
     os.rmdir(gone)
     monkeypatch.setattr(audit_mod, "audit_files", lambda d: listing)
     got = read_newest(tmp_path)
     assert got.problems == [] and got.records == read_records(tmp_path).records
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_a_rotated_name_that_is_not_a_regular_file_is_a_problem_never_a_hang(tmp_path, kind):
+    _log(tmp_path, 20).close()
+    odd = tmp_path / "audit.log.1"
+    if kind == "fifo":
+        os.mkfifo(odd)  # opening it for reading would wait for a writer forever
+    elif kind == "device":
+        odd.symlink_to("/dev/zero")  # endless zeros
+    else:
+        odd.mkdir()
+    got = read_newest(tmp_path)
+    assert [r["i"] for r in got.records] == list(range(20))
+    (p,) = got.problems
+    assert p.file == str(odd) and p.line == 0
+    assert p.error == "cannot be read: not a regular file"
