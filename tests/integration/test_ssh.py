@@ -198,6 +198,17 @@ def test_host_key_change_in_a_remembered_known_hosts_is_never_missed(sshd, node,
     assert err.code == "host_key_changed"
 
 
+def test_known_hosts_that_cannot_be_read_is_named(sshd, node, opened, tmp_path):
+    """A known_hosts path that exists but cannot be read (here a directory; for a user, mode 000)
+    fails with the file named, code "config"; before: "node gpu01 (...): is a directory"."""
+    known = tmp_path / "known_hosts"
+    known.mkdir()
+    err = _fail(opened(node, sshd, known_hosts_path=str(known)))
+    assert err.code == "config"
+    assert str(err) == f"node gpu01 (127.0.0.1:{sshd.port}): known_hosts file {known} cannot be read: Is a directory"
+    assert known.is_dir() and not any(known.iterdir())
+
+
 # --------------------------------------------------------------------------- connect and auth failures
 
 
