@@ -200,3 +200,18 @@ def test_the_move_dialog_arms_on_the_real_terminals_answer_not_the_fallback(cons
         time.sleep(0.5)
     assert _totals(session) != before
     assert _quit(session, status) == 0
+
+
+def test_a_cursor_position_answer_split_across_reads_never_types_into_the_filter(console):
+    """A terminal's cursor-position answer (what gpuctl.console.frame_ack asks for) arriving in two
+    pieces further apart than the escape delay, and a Shift+F3 (which Textual reads as an answer),
+    while the `/` filter is open: nothing is typed, nothing runs."""
+    session, status = console
+    _keys(session, "/")
+    _hex(session, b"\x1b[12;", pause_s=0.6)
+    _hex(session, b"5R")
+    _keys(session, "S-F3")
+    _keys(session, "sim-02", literal=True, pause_s=1.0)
+    screen = capture(session)
+    assert any(line.split("▌")[0].strip() == "sim-02" for line in screen.splitlines()), screen
+    assert _quit(session, status) == 0
