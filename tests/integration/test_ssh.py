@@ -196,6 +196,9 @@ def test_host_key_change_in_a_remembered_known_hosts_is_never_missed(sshd, node,
     os.replace(fresh, known)
     err = _fail(opened(node, sshd, known_hosts_path=str(known)))
     assert err.code == "host_key_changed"
+    known.unlink()  # deleted: the host is unknown again, never the remembered key
+    assert _fail(opened(node, sshd, known_hosts_path=str(known))).code == "host_key_unknown"
+    assert not known.exists()
 
 
 def test_known_hosts_that_cannot_be_read_is_named(sshd, node, opened, tmp_path):
