@@ -54,23 +54,62 @@ GPU_NAME_BRANDS = ("NVIDIA ", "GeForce ")
 GPU_NAME_TAILS = (" Generation",)
 
 
-@functools.lru_cache(maxsize=1024)  # a fleet has few distinct names; called per GPU per poll
-def compact_gpu_name(name: str) -> str:
+#: Most characters of a compact GPU name; a longer one is cut and ends in "…" (NVML's names fit in
+#: 96 bytes, NVML_DEVICE_NAME_V2_BUFFER_SIZE; a daemon may send anything).
+GPU_NAME_MAX_CHARS = 64
+#: Most characters of a whole GPU name shown (safe_gpu_name).
+GPU_NAME_FULL_MAX_CHARS = 200
+#: What replaces each character of a GPU name that is not printable (str.isprintable: control
+#: characters such as ESC, bidi and zero-width controls): one cell, never a terminal escape.
+GPU_NAME_UNPRINTABLE = "?"
+
+
+def printable_text(text: str, max_chars: int) -> str:
+    """`text` safe to print on a terminal: every character that is not printable (str.isprintable:
+    control characters such as ESC and CR, bidi and zero-width controls) replaced by
+    GPU_NAME_UNPRINTABLE, cut to `max_chars` characters (the last one then "…")."""
+    out = "".join(ch if ch.isprintable() else GPU_NAME_UNPRINTABLE for ch in text)
+    return out if len(out) <= max_chars else out[: max_chars - 1] + "…"
+
+
+def safe_gpu_name(name: object) -> str:
+    """A GPU's whole name as a node's daemon reported it, safe to print (the CLI's status table,
+    the node screen): "N/A" when not a string, empty or blank; else stripped, through
+    printable_text (at most GPU_NAME_FULL_MAX_CHARS characters)."""
+    if not isinstance(name, str) or not name.strip():
+        return NA
+    return printable_text(name.strip(), GPU_NAME_FULL_MAX_CHARS)
+
+
+def compact_gpu_name(name: object) -> str:
     """The GPU name NVML reports (nvmlDeviceGetName, what nvidia-smi prints), short enough for a
     table column and still naming the model: the brand words "NVIDIA " and "GeForce " are dropped
     from the front, and " Generation" from the end; everything else stays (memory size, form
     factor, a MIG profile). "NVIDIA H100 80GB HBM3" -> "H100 80GB HBM3", "NVIDIA GeForce RTX 4090"
     -> "RTX 4090", "NVIDIA RTX 6000 Ada Generation" -> "RTX 6000 Ada", "NVIDIA A100-SXM4-40GB MIG
     1g.5gb" -> "A100-SXM4-40GB MIG 1g.5gb", "Tesla T4" -> "Tesla T4". Surrounding blanks are
-    stripped; a name that would become empty is returned stripped but whole."""
-    out = name.strip()
+    stripped; a name that would become empty is returned stripped but whole. The name comes from a
+    node's daemon, so it is made safe to print: not a string, empty or blank -> "N/A"; every
+    character that is not printable (ESC, CR, bidi controls) -> GPU_NAME_UNPRINTABLE; more than
+    GPU_NAME_MAX_CHARS characters -> cut, ending in "…". Rich markup ("[red]") stays plain text
+    (the table appends it unparsed)."""
+    if not isinstance(name, str):  # None, a number, a list: from a daemon's JSON
+        return NA
+    return _compact_gpu_name(name)
+
+
+@functools.lru_cache(maxsize=1024)  # a fleet has few distinct names; called per GPU per poll
+def _compact_gpu_name(name: str) -> str:
+    out = safe_gpu_name(name)
+    if out == NA:
+        return out
     for brand in GPU_NAME_BRANDS:
         if out.startswith(brand) and out[len(brand):].strip():
             out = out[len(brand):].lstrip()
     for tail in GPU_NAME_TAILS:
         if out.endswith(tail) and out[: -len(tail)].strip():
             out = out[: -len(tail)].rstrip()
-    return out
+    return printable_text(out, GPU_NAME_MAX_CHARS)
 
 
 def human_bytes(n: int | None) -> str:

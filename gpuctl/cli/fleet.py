@@ -17,7 +17,7 @@ from gpuctl.cli.errors import UsageError
 from gpuctl.cli.output import confirm, console, emit_json, err, fraction_label, interactive, na, print_table
 from gpuctl.cli.registry import Verb
 from gpuctl.exit_codes import ExitCode
-from gpuctl.format import human_bytes, memory_label, power, temperature
+from gpuctl.format import human_bytes, memory_label, power, printable_text, safe_gpu_name, temperature
 from gpuctl.model import UNASSIGNED, department_totals
 
 
@@ -85,8 +85,8 @@ def _print_status(snapshot, cfg) -> None:
         if not n.reachable or n.error:
             con.print(Text(f"{'unreachable' if not n.reachable else 'error'}: {n.error}", style="bold red"))
             continue
-        t = Table(title=f"{n.name} ({n.hostname}, {n.backend}, generation {n.generation})",
-                  title_justify="left")
+        remote = ", ".join(printable_text(str(v), 200) for v in (n.hostname, n.backend))  # the node's words
+        t = Table(title=Text(f"{n.name} ({remote}, generation {n.generation})"), title_justify="left")
         t.add_column("GPU", justify="right", no_wrap=True)
         t.add_column("name", no_wrap=True, overflow="ellipsis", max_width=14)
         for col in ("SM %", "memory", "temp", "power"):
@@ -100,12 +100,13 @@ def _print_status(snapshot, cfg) -> None:
                     slices.append(" ")
                 label = f"{x.department} {fraction_label(x.fraction)}" + (" 🔒" if x.leased else "")
                 slices.append(label, style=colors.get(x.department) or ("dim" if x.department == "unassigned" else ""))
+            name = Text(safe_gpu_name(g.identity.name))  # the node's words: never markup or escapes
             if s and s.error:
-                t.add_row(str(g.identity.index), g.identity.name, Text(s.error, style="red"), "", "", "", slices)
+                t.add_row(str(g.identity.index), name, Text(s.error, style="red"), "", "", "", slices)
                 continue
             mem_total = (s.memory_total_bytes if s else None) or g.identity.memory_total_bytes
             t.add_row(
-                str(g.identity.index), g.identity.name,
+                str(g.identity.index), name,
                 na(s.sm_util_pct if s else None, "{:.0f}"),
                 memory_label(s.memory_used_bytes if s else None, mem_total),
                 temperature(s.temperature_c if s else None),

@@ -17,6 +17,16 @@ written before the query: its answer (Textual's CursorPosition event) calls the 
 `frame_acknowledged()`. Keys typed before the answer come before it in the input stream, so a
 blind key is always handled while the dialog is still unacknowledged (and is dropped).
 
+Which query an answer belongs to: each query first moves the cursor to a position of its own
+(saved and restored around it: ``ESC 7``, ``ESC [ row ; col H``, ``ESC [ 6 n``, ``ESC 8``), and
+the answer reports that position. Only an answer naming a position still awaited counts (and
+acknowledges that query and every older one: the terminal answers in order); any other is
+ignored: an answer to a query that timed out (arriving while a newer dialog waits), a second
+answer, a malformed or out-of-range one, and a key that looks like an answer: Shift/Ctrl+F3 send
+``ESC [ 1 ; <modifier> R``, which Textual parses as a cursor position (row 1), so no query uses
+row 1. Positions cycle over rows 2..height x every column. A terminal resized between query and
+answer reports a clamped position: the timeout then arms the dialog.
+
 Without a terminal (headless: Pilot, tests) the frame counts as drawn at once. A terminal that
 never answers DSR: after ACK_TIMEOUT_S the frame counts as drawn (every xterm-compatible
 terminal, tmux, screen and the Linux console answer). A frame Textual drops
@@ -37,11 +47,30 @@ CURSOR_POSITION_QUERY = "\x1b[6n"
 ACK_TIMEOUT_S = 3.0
 
 
+def query_position(number: int, width: int, height: int) -> tuple[int, int]:
+    """The 1-based (row, col) where query `number` puts the cursor before asking: rows 2..height
+    (row 1 is what Shift/Ctrl+F3 look like), every column, cycling; (1, 1) on a terminal of one
+    row. width, height: the terminal's size in cells."""
+    width, height = max(1, width), max(1, height)
+    if height < 2:
+        return 1, 1
+    spot = number % ((height - 1) * width)
+    return 2 + spot // width, 1 + spot % width
+
+
+def query_text(row: int, col: int) -> str:
+    """What is written after the frame: save the cursor, move it to (row, col) (1-based), ask for
+    its position, restore it."""
+    return f"\x1b7\x1b[{row};{col}H{CURSOR_POSITION_QUERY}\x1b8"
+
+
 class FrameAckMixin:
     """App._display reports frames to the screen; terminal answers acknowledge them (see the
-    module doc). State: `_frame_acks` (screens waiting for an answer, oldest first)."""
+    module doc). State: `_frame_acks` (queries awaiting an answer, oldest first: [screen, x, y],
+    x and y 0-based as Textual's CursorPosition) and `_frame_ack_count` (queries written)."""
 
     _frame_acks: deque
+    _frame_ack_count: int = 0
 
     def _display(self, screen, renderable) -> None:  # noqa: ANN001 - Textual's (Screen, RenderableType | None)
         dropped = renderable is None or bool(self._batch_count)
@@ -54,13 +83,17 @@ class FrameAckMixin:
         if not self._writes_to_a_terminal():
             screen.frame_acknowledged()
             return
+        size = self.size
+        row, col = query_position(self._frame_ack_count, size.width, size.height)
+        self._frame_ack_count += 1
+        entry = (screen, col - 1, row - 1)
         acks = self._frame_acks
-        acks.append(screen)
-        self._driver.write(CURSOR_POSITION_QUERY)  # after the frame, in the same output queue
+        acks.append(entry)
+        self._driver.write(query_text(row, col))  # after the frame, in the same output queue
 
         def timed_out() -> None:
-            if screen in acks:
-                acks.remove(screen)
+            if entry in acks:
+                acks.remove(entry)
                 screen.frame_acknowledged()
 
         self.set_timer(ACK_TIMEOUT_S, timed_out)
@@ -70,6 +103,11 @@ class FrameAckMixin:
         return bool(self._running and not self._closed and not self.is_headless and self._driver is not None)
 
     def on_cursor_position(self, event: events.CursorPosition) -> None:
-        """The terminal answered the oldest query: it has drawn every frame written before it."""
-        if self._frame_acks:
-            self._frame_acks.popleft().frame_acknowledged()
+        """The terminal answered a query: it has drawn every frame written before it. An answer
+        naming no awaited position is ignored (see the module doc)."""
+        acks = self._frame_acks
+        found = next((i for i, (_, x, y) in enumerate(acks) if (x, y) == (event.x, event.y)), None)
+        if found is None:
+            return
+        for _ in range(found + 1):
+            acks.popleft()[0].frame_acknowledged()

@@ -9,7 +9,9 @@ exited 0 without a word).
 
 :class:`GuardedXTermParser` screens the raw input first (:func:`screen_mouse_reports`): a complete
 SGR mouse report passes; a report cut at the end of a read is held until the next read completes
-it; anything else that starts like one is dropped and counted. Pixel mouse reports whose pixel or
+it; anything else that starts like one is dropped and counted. The start of a cursor-position
+answer cut at the end of a read is held for the next read too (CPR_PREFIX_AT_END), so a split
+answer is never typed as keys. Pixel mouse reports whose pixel or
 cell size is 0 are dropped (the position cannot be known). :class:`GuardedLinuxDriver` is
 Textual's LinuxDriver with that parser; an exception while parsing a read drops that read, starts
 a fresh parser and tells the app (:class:`TerminalInputDropped`), so the console keeps running.
@@ -19,6 +21,7 @@ exits non-zero (gpuctl.app.GpuctlApp.panic).
 
 from __future__ import annotations
 
+import itertools
 import re
 import selectors
 from codecs import getincrementaldecoder
@@ -37,6 +40,10 @@ SGR_MOUSE_PREFIX = re.compile(r"\x1b\[<[0-9;-]*")
 SGR_START = "\x1b[<"
 #: Longest partial report held back waiting for the rest (longer: garbage, dropped).
 MAX_HELD = 24
+#: The start of a cursor-position answer ("\x1b[12;5R", gpuctl.console.frame_ack) cut at the end
+#: of a read: held until the next read (Textual's parser turns a sequence left unfinished for its
+#: escape delay into keys: "[12;" typed into the `/` filter, then "5R").
+CPR_PREFIX_AT_END = re.compile(r"\x1b\[\d{1,10}(;\d{0,10})?\Z")
 
 
 def screen_mouse_reports(data: str, held: str = "") -> tuple[str, str, list[str]]:
@@ -85,16 +92,26 @@ class GuardedXTermParser(XTermParser):
     def __init__(self, debug: bool = False) -> None:
         super().__init__(debug)
         self._held = ""
+        #: A cursor-position answer's start cut at the end of the last read (CPR_PREFIX_AT_END):
+        #: fed with the next read, whatever that read is (never dropped).
+        self._held_answer = ""
         self.dropped: deque[str] = deque(maxlen=20)
         self.dropped_count = 0
 
     def feed(self, data: str):  # noqa: ANN201 - XTermParser.feed's iterable of messages
         if data:
+            data, self._held_answer = self._held_answer + data, ""
             data, self._held, dropped = screen_mouse_reports(data, self._held)
             self.dropped.extend(dropped)
             self.dropped_count += len(dropped)
+            cut = CPR_PREFIX_AT_END.search(data)
+            if cut:
+                data, self._held_answer = data[:cut.start()], data[cut.start():]
             if not data:
                 return iter(())
+        elif self._held_answer:  # the end of input: what was held goes to the parser
+            data, self._held_answer = self._held_answer, ""
+            return itertools.chain(super().feed(data), super().feed(""))
         return super().feed(data)
 
     def parse_mouse_code(self, code: str) -> Message | None:

@@ -34,10 +34,12 @@ new line after a cut one, and the daemon keeps running.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
 import pwd
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -57,6 +59,14 @@ DEFAULT_KEEP = 5
 REPORTED_USER_HEADER = "gpuctl-user"
 #: Most records one GET /v1/audit returns (the newest ones).
 MAX_RECORDS_PER_ANSWER = 20000
+#: Most problem lines one read reports (a file of garbage would otherwise answer one per line);
+#: the rest are counted (ReadResult.problems_omitted).
+MAX_PROBLEMS_PER_ANSWER = 100
+#: Most bytes read from the end of one audit file (4 rotations' worth): a file grown past it
+#: (rotation failing, a file put there by hand) is read from there on, with a problem saying so.
+MAX_READ_BYTES_PER_FILE = 4 * DEFAULT_MAX_BYTES
+#: Block size (bytes) for counting the lines of a file's unread head.
+_COUNT_BLOCK_BYTES = 1024 * 1024
 
 
 class AuditWriteError(Exception):
@@ -97,6 +107,15 @@ class ReadResult:
     truncated: bool = False
     files_read: list[str] = field(default_factory=list)
     lines_parsed: int = 0
+    #: Problems found past MAX_PROBLEMS_PER_ANSWER, counted only.
+    problems_omitted: int = 0
+
+    def add_problem(self, problem: "Problem") -> None:
+        """Keep `problem`, or count it once MAX_PROBLEMS_PER_ANSWER are kept."""
+        if len(self.problems) < MAX_PROBLEMS_PER_ANSWER:
+            self.problems.append(problem)
+        else:
+            self.problems_omitted += 1
 
 
 def audit_files(directory: Path) -> list[Path]:
@@ -121,23 +140,25 @@ def _parse_line(raw: bytes, file: str, number: int, cut: bool) -> dict[str, Any]
         rec = json.loads(raw.decode("utf-8"))
         if not isinstance(rec, dict):
             raise ValueError(f"a JSON {type(rec).__name__}, not an object")
+    except RecursionError:  # "[[[[..." nested deeper than the interpreter's stack
+        return Problem(file, number, "nested too deep to be a record", raw[:200].decode("utf-8", "replace"))
     except (UnicodeDecodeError, ValueError) as e:
         why = "truncated (no newline at the end of the file)" if cut else str(e)
         return Problem(file, number, why, raw[:200].decode("utf-8", "replace"))
     return rec
 
 
-def parse_lines(data: bytes, file: str) -> ReadResult:
+def parse_lines(data: bytes, file: str, first_line: int = 1) -> ReadResult:
     """Parse the bytes of one audit file. Blank lines are skipped; every other line that is not a
     JSON object is a Problem (the last line without its newline: "truncated")."""
     out = ReadResult()
     lines = data.split(b"\n")
     ends_clean = data.endswith(b"\n") or not data
-    for i, raw in enumerate(lines, start=1):
+    for i, raw in enumerate(lines, start=first_line):
         if not raw.strip():
             continue
         out.lines_parsed += 1
-        got = _parse_line(raw, file, i, i == len(lines) and not ends_clean)
+        got = _parse_line(raw, file, i, i == first_line + len(lines) - 1 and not ends_clean)
         if isinstance(got, Problem):
             out.problems.append(got)
         else:
@@ -145,25 +166,75 @@ def parse_lines(data: bytes, file: str) -> ReadResult:
     return out
 
 
+def _read_file(path: Path, seen: set[tuple[int, int]]) -> tuple[bytes, int, list[Problem]] | None:
+    """The bytes of one audit file to parse, the line number of their first line and the problems
+    of reading it; None when the file is gone or was already read under another name (rotation
+    renamed it between listing and reading: its records are not answered twice). At most
+    MAX_READ_BYTES_PER_FILE bytes, from the end (the lines before are counted, not kept; the first
+    whole line after the cut is the first parsed). Raises OSError when it cannot be read."""
+    try:  # O_NONBLOCK: a FIFO put in its place must not hang the request
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:  # rotated away after audit_files listed it: its records moved on
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO, a device (/dev/zero), a directory
+            raise OSError(errno.EINVAL, "not a regular file")
+    except OSError:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
+        if (st.st_dev, st.st_ino) in seen:
+            return None
+        seen.add((st.st_dev, st.st_ino))
+        start = max(0, st.st_size - MAX_READ_BYTES_PER_FILE)
+        if not start:
+            return f.read(MAX_READ_BYTES_PER_FILE), 1, []
+        first = 1
+        left = start
+        while left > 0:
+            block = f.read(min(_COUNT_BLOCK_BYTES, left))
+            if not block:
+                break
+            first += block.count(b"\n")
+            left -= len(block)
+        data = f.read(MAX_READ_BYTES_PER_FILE)
+        cut = data.find(b"\n")
+        data = data[cut + 1:] if cut >= 0 else b""
+        first += 1 if cut >= 0 else 0
+        why = (f"{st.st_size} bytes, more than the {MAX_READ_BYTES_PER_FILE} read from a file's end: "
+               f"lines 1..{first - 1} not read")
+        return data, first, [Problem(str(path), 0, why, "")]
+
+
 def read_records(directory: Path, since_s: float | None = None) -> ReadResult:
     """All records of a state directory's audit files (oldest first), those with ``time_s >=
-    since_s`` when given, and every problem line of the files read."""
+    since_s`` when given, and the problem lines of the files read (the oldest
+    MAX_PROBLEMS_PER_ANSWER; the rest counted in problems_omitted). Files are read newest first and
+    each file once (by inode), so a rotation while reading neither repeats nor loses records."""
     out = ReadResult()
-    for path in audit_files(directory):
+    seen: set[tuple[int, int]] = set()
+    parts: list[tuple[str | None, list[dict[str, Any]], list[Problem]]] = []  # newest file first
+    for path in reversed(audit_files(directory)):  # newest first, as read_newest (rotation races)
         try:
-            data = path.read_bytes()
+            got = _read_file(path, seen)
         except OSError as e:
-            out.problems.append(Problem(str(path), 0, f"cannot be read: {e.strerror or e}", ""))
+            parts.append((None, [], [Problem(str(path), 0, f"cannot be read: {e.strerror or e}", "")]))
             continue
-        out.files_read.append(str(path))
-        part = parse_lines(data, str(path))
+        if got is None:
+            continue
+        data, first, problems = got
+        part = parse_lines(data, str(path), first)
         out.lines_parsed += part.lines_parsed
-        out.problems.extend(part.problems)
-        for rec in part.records:
-            t = rec.get("time_s")
-            if since_s is not None and isinstance(t, (int, float)) and t < since_s:
-                continue
-            out.records.append(rec)
+        kept = [rec for rec in part.records
+                if since_s is None or not isinstance(rec.get("time_s"), (int, float)) or rec["time_s"] >= since_s]
+        parts.append((str(path), kept, problems + part.problems))
+    for name, recs, problems in reversed(parts):
+        if name is not None:
+            out.files_read.append(name)
+        out.records.extend(recs)
+        for p in problems:
+            out.add_problem(p)
     return out
 
 
@@ -182,12 +253,17 @@ def read_newest(directory: Path, since_s: float | None = None, limit: int = MAX_
     parts: list[tuple[list[dict[str, Any]], list[Problem]]] = []  # per file, newest file first
     found = 0
     done = False
+    seen: set[tuple[int, int]] = set()
+    kept_problems = 0
     for path in reversed(audit_files(directory)):
         try:
-            data = path.read_bytes()
+            got_file = _read_file(path, seen)
         except OSError as e:
             parts.append(([], [Problem(str(path), 0, f"cannot be read: {e.strerror or e}", "")]))
             continue
+        if got_file is None:
+            continue
+        data, first, head_problems = got_file
         out.files_read.append(str(path))
         lines = data.split(b"\n")
         ends_clean = data.endswith(b"\n") or not data
@@ -198,9 +274,13 @@ def read_newest(directory: Path, since_s: float | None = None, limit: int = MAX_
             if not raw.strip():
                 continue
             out.lines_parsed += 1
-            got = _parse_line(raw, str(path), i, i == len(lines) and not ends_clean)
+            got = _parse_line(raw, str(path), first + i - 1, i == len(lines) and not ends_clean)
             if isinstance(got, Problem):
-                problems.append(got)
+                if kept_problems < MAX_PROBLEMS_PER_ANSWER:
+                    problems.append(got)
+                    kept_problems += 1
+                else:
+                    out.problems_omitted += 1
                 continue
             t = got.get("time_s")
             if since_s is not None and isinstance(t, (int, float)) and t < since_s:
@@ -213,7 +293,7 @@ def read_newest(directory: Path, since_s: float | None = None, limit: int = MAX_
             found += 1
         recs.reverse()
         problems.reverse()
-        parts.append((recs, problems))
+        parts.append((recs, head_problems + problems))
         if done:
             break
     for recs, problems in reversed(parts):

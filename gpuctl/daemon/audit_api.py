@@ -9,8 +9,9 @@ cannot be written the request is refused with 503 ``audit_unavailable`` and noth
 
 ``GET /v1/audit[?since_s=T][&limit=N]``: the newest N records (default and most
 MAX_RECORDS_PER_ANSWER) with ``time_s >= T``, oldest first; ``truncated`` when older ones matched
-too. Only the files and lines that answer needs are read (gpuctl.daemon.audit.read_newest), not
-the whole rotated log (up to ~96 MiB).
+too; ``problems``: lines that are not records (at most MAX_PROBLEMS_PER_ANSWER, the newest; the
+rest counted in ``problems_omitted``). Only the files and lines that answer needs are read
+(gpuctl.daemon.audit.read_newest), not the whole rotated log (up to ~96 MiB).
 """
 
 from __future__ import annotations
@@ -128,6 +129,6 @@ def install(api: ControlApi, audit: AuditLog) -> None:
             limit = int(raw_limit)
         result = read_newest(audit.directory, since, limit)
         return 200, {"node": audit.node, "records": result.records, "truncated": result.truncated,
-                     "problems": [p.to_json() for p in result.problems]}
+                     "problems": [p.to_json() for p in result.problems], "problems_omitted": result.problems_omitted}
 
     api.add_route("GET", "/v1/audit", get_audit)

@@ -11,6 +11,7 @@ service (gpuctl.fleet.reassign) to it.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import importlib
 import threading
 import time
 import urllib.parse
@@ -78,13 +79,18 @@ def default_transport_factory(**options: Any) -> TransportFactory:
 
 def preload_transports(config: FleetConfig) -> None:
     """Import the transport modules `config`'s nodes use now (SSH: paramiko and httpx, ~0.1 s),
-    rather than in the first node's fan-out thread while the others wait on the import lock."""
+    rather than in the first node's fan-out thread while the others wait on the import lock.
+    Raises nothing: a module that fails to import (paramiko missing or broken) is left to the
+    fan-out, where each node using it fails with a NodeError naming it (exit UNREACHABLE), as
+    without the preload; the other nodes still answer."""
     kinds = {getattr(n, "transport", "ssh") for n in config.nodes}
-    if "ssh" in kinds:
-        import gpuctl.transport.conncache  # noqa: F401 - imported for its side effect: loaded
-        import gpuctl.transport.ssh  # noqa: F401
-    if "local" in kinds:
-        import gpuctl.transport.local  # noqa: F401
+    modules = {"ssh": ("gpuctl.transport.conncache", "gpuctl.transport.ssh"), "local": ("gpuctl.transport.local",)}
+    for kind in sorted(kinds):
+        for module in modules.get(kind, ()):
+            try:
+                importlib.import_module(module)
+            except Exception:  # noqa: BLE001 - reported per node by the fan-out (see above)
+                break
 
 
 class NodeClient:

@@ -332,7 +332,7 @@ class NodeDetailScreen(GpuctlScreen):
         state = gpu_state(gpu)
         line = Text(no_wrap=True, overflow="ellipsis", end="")
         line.append(f"GPU {ident.index}", style="bold")
-        line.append(f"  {ident.name}  {ident.uuid}")
+        line.append(f"  {fmt.safe_gpu_name(ident.name)}  {ident.uuid}")
         if ident.pci_bus_id:
             line.append(f"  bus {ident.pci_bus_id}", style=palette.muted)
         state_style = {"error": palette.error, "leased": palette.get("slice-busy"), "draining": palette.warning}

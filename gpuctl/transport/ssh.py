@@ -507,9 +507,16 @@ class SshTransport:
     # ------------------------------------------------------------------ host keys
 
     def _known_hosts(self) -> KnownHosts:
-        if self._known_hosts_path is not None:
-            return KnownHosts(self._known_hosts_path)
-        return KnownHosts(DEFAULT_KNOWN_HOSTS, (SYSTEM_KNOWN_HOSTS,))
+        """The known_hosts files' lines. Raises TransportError (code "config") naming the file when
+        one exists but cannot be read (a directory, no permission): never a bare "is a directory"."""
+        try:
+            if self._known_hosts_path is not None:
+                return KnownHosts(self._known_hosts_path)
+            return KnownHosts(DEFAULT_KNOWN_HOSTS, (SYSTEM_KNOWN_HOSTS,))
+        except OSError as exc:
+            path = exc.filename or self._known_hosts_path or DEFAULT_KNOWN_HOSTS
+            raise TransportError(self.node.name, f"known_hosts file {path} cannot be read: {exc.strerror or exc}",
+                                 address=self.address, code="config") from exc
 
     def _check_host_key(self, t: paramiko.Transport, host: SshHost, known: KnownHosts, name: str) -> None:
         key = t.get_remote_server_key()

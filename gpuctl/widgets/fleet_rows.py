@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from rich.cells import cell_len
 from rich.text import Text
 
 from gpuctl import model
@@ -153,9 +154,10 @@ def layouts_for_names(name_width: int) -> tuple[Layout, ...]:
 
 
 def name_width(snapshot: model.FleetSnapshot) -> int:
-    """Cells the longest compact GPU name of `snapshot` needs (NAME_MIN_WIDTH..NAME_MAX_WIDTH;
+    """Cells the longest compact GPU name of `snapshot` needs (terminal cells: a CJK character or an
+    emoji takes 2; NAME_MIN_WIDTH..NAME_MAX_WIDTH;
     NAME_DEFAULT_WIDTH when it has no GPU, e.g. every node down)."""
-    widths = [len(fmt.compact_gpu_name(g.identity.name)) for n in snapshot.nodes for g in n.gpus]
+    widths = [cell_len(fmt.compact_gpu_name(g.identity.name)) for n in snapshot.nodes for g in n.gpus]
     if not widths:
         return NAME_DEFAULT_WIDTH
     return max(NAME_MIN_WIDTH, min(NAME_MAX_WIDTH, max(widths)))
@@ -412,7 +414,8 @@ def gpu_row(
             fmt.sparkline(sm_history, _HISTORY.width), style=palette.get("gpu-sparkline"), no_wrap=True, end=""
         )
     search = " ".join(
-        [node.name, gpu.identity.name, state, gpu.identity.uuid, *(x.department for x in gpu.slices), *owners]
+        [node.name, fmt.safe_gpu_name(gpu.identity.name), state, gpu.identity.uuid,
+         *(x.department for x in gpu.slices), *owners]
     ).lower()
     return FleetRow(
         key=gpu.identity.uuid,

@@ -5,6 +5,7 @@ a real gpuctld reached by gpuctl.fleet.client.FleetClient over its Unix socket."
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 
 import pytest
 from daemon_proc import start_daemon
@@ -768,6 +769,17 @@ async def test_the_move_dialog_arms_only_after_a_whole_frame_of_it_reached_the_t
         assert owners(source)[idle.id] == "training"
 
 
+def terminal_answer(written: list[str], nth: int = -1):
+    """The CursorPosition event a terminal sends for the `nth` query in `written` (the app's
+    output): the position the query moved the cursor to (gpuctl.console.frame_ack)."""
+    import re
+
+    from textual import events
+
+    row, col = re.findall(r"\x1b\[(\d+);(\d+)H\x1b\[6n", "".join(written))[nth]
+    return events.CursorPosition(int(col) - 1, int(row) - 1)
+
+
 async def test_on_a_terminal_the_move_dialog_waits_for_the_terminal_to_say_it_drew_it(source, monkeypatch):
     """gpuctl.console.frame_ack: after the dialog's first whole frame the app asks the terminal for
     the cursor position (DSR); the terminal answers once it has drawn everything before the query.
@@ -791,11 +803,11 @@ async def test_on_a_terminal_the_move_dialog_waits_for_the_terminal_to_say_it_dr
         await asyncio.sleep(0.8)  # frames written, no answer yet: the terminal has not drawn it
         dialog = app.screen
         assert isinstance(dialog, MoveConfirmScreen)
-        assert written.count(frame_ack.CURSOR_POSITION_QUERY) == 1  # one query, after the first whole frame
+        assert "".join(written).count(frame_ack.CURSOR_POSITION_QUERY) == 1  # one query, after the first whole frame
         assert dialog.frames_written >= 1 and dialog.painted_at is None and not dialog.armed
         await pilot.press("y")
         assert dialog.unseen_keys_dropped == 1 and owners(source) == before
-        app.post_message(events.CursorPosition(0, 0))  # the terminal's answer
+        app.post_message(terminal_answer(written))  # the terminal's answer
         await wait_armed(app, pilot)
         await pilot.press("y")
         await settle(app, pilot)
@@ -882,6 +894,115 @@ async def test_colon_bar_on_the_board_survives_a_poll_and_runs_the_command(sourc
         await pilot.press("a", "s", "e", "s", "enter")
         await settle(app, pilot)
         assert isinstance(app.screen, LeasesScreen)
+
+
+# -- frame_ack against stray, late, repeated and malformed terminal answers ------------------------
+
+
+#: Longer than CONFIRM_ARM_S (0.3 s): a dialog acknowledged by mistake would be armed by then.
+CONFIRM_ARM_S_TEST = 0.5
+
+
+def parsed(raw: str) -> list:
+    """The events Textual's own input parser makes of bytes a terminal (or a key) sends."""
+    from textual._xterm_parser import XTermParser
+
+    return list(XTermParser(debug=False).feed(raw))
+
+
+async def test_stray_answers_and_answer_like_keys_never_arm_the_dialog(source, monkeypatch):
+    """Only the answer naming the position of an awaited query arms the dialog (gpuctl.console.
+    frame_ack): Shift/Ctrl+F3 (ESC[1;2R, ESC[1;5R: Textual parses them as cursor positions), an
+    answer with huge or zero numbers, the same wrong answer twice are ignored, and a `y` typed
+    meanwhile is dropped; the real answer then arms it."""
+    import asyncio
+
+    app = make_app(source)
+    idle = find(source, department=model.UNASSIGNED, leased=False)[0]
+    before = owners(source)
+    async with app.run_test(size=SIZE) as pilot:
+        board = await open_board(app, pilot)
+        written: list[str] = []
+        monkeypatch.setattr(app, "_writes_to_a_terminal", lambda: True)
+        monkeypatch.setattr(app._driver, "write", written.append)
+        board.propose_move([board._views[idle.id]], "training")
+        await asyncio.sleep(0.5)
+        dialog = app.screen
+        assert isinstance(dialog, MoveConfirmScreen)
+        real = terminal_answer(written)
+        assert real.y >= 1  # never row 1, where the F3 keys land
+        strays = [*parsed("\x1b[1;2R"), *parsed("\x1b[1;5R"), *parsed("\x1b[99999999999999999999;3R"),
+                  *parsed("\x1b[0;0R"), *parsed(f"\x1b[{real.y + 1};{real.x + 2}R" * 2)]
+        assert len(strays) == 6 and all(type(e) is type(real) for e in strays)
+        for event in strays:
+            app.post_message(event)
+        await asyncio.sleep(CONFIRM_ARM_S_TEST)
+        assert dialog.painted_at is None and not dialog.armed
+        await pilot.press("y")
+        assert dialog.unseen_keys_dropped == 1 and owners(source) == before and app.screen is dialog
+        (answer,) = parsed(f"\x1b[{real.y + 1};{real.x + 1}R")
+        app.post_message(answer)
+        await wait_armed(app, pilot)
+        app.post_message(answer)  # a second copy of the answer changes nothing
+        await pilot.press("y")
+        await settle(app, pilot)
+        assert owners(source)[idle.id] == "training" and app._frame_acks == deque()
+
+
+async def test_a_late_answer_for_a_timed_out_dialog_never_arms_the_next_one(source, monkeypatch):
+    """Dialog A's query times out (its dialog armed by the fallback) and A is cancelled; dialog B
+    asks; A's answer, arriving now, is not B's: B stays unarmed until its own answer."""
+    import asyncio
+
+    from gpuctl.console import frame_ack
+
+    app = make_app(source)
+    first, second = find(source, department=model.UNASSIGNED, leased=False)[:2]
+    before = owners(source)
+    async with app.run_test(size=SIZE) as pilot:
+        board = await open_board(app, pilot)
+        written: list[str] = []
+        monkeypatch.setattr(app, "_writes_to_a_terminal", lambda: True)
+        monkeypatch.setattr(app._driver, "write", written.append)
+        monkeypatch.setattr(frame_ack, "ACK_TIMEOUT_S", 0.3)
+        board.propose_move([board._views[first.id]], "training")
+        await wait_armed(app, pilot)  # no answer: the fallback armed it
+        a = app.screen
+        late = terminal_answer(written)
+        await pilot.press("escape")
+        await settle(app, pilot)
+        assert app.screen is board and owners(source) == before
+        monkeypatch.setattr(frame_ack, "ACK_TIMEOUT_S", 30.0)
+        board.propose_move([board._views[second.id]], "training")
+        await asyncio.sleep(0.5)
+        b = app.screen
+        assert isinstance(b, MoveConfirmScreen) and b is not a
+        assert terminal_answer(written) != late  # B's query has a position of its own
+        app.post_message(late)
+        await asyncio.sleep(CONFIRM_ARM_S_TEST)
+        assert b.painted_at is None and not b.armed
+        await pilot.press("y")
+        assert b.unseen_keys_dropped == 1 and owners(source) == before
+        app.post_message(terminal_answer(written))
+        await wait_armed(app, pilot)
+        await pilot.press("y")
+        await settle(app, pilot)
+        assert owners(source)[second.id] == "training"
+
+
+async def test_terminal_answers_never_type_into_the_command_bar(source, monkeypatch):
+    """Answers (expected or stray) reaching the app while the `:` bar is open type nothing and run
+    nothing."""
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        board = await open_board(app, pilot)
+        await pilot.press("colon", "l")
+        for raw in ("\x1b[1;2R", "\x1b[5;7R", "\x1b[99999;99999R"):
+            for event in parsed(raw):
+                app.post_message(event)
+        await settle(app, pilot)
+        assert board.command_bar.is_open and board.command_bar.input.value == "l"
+        assert app.screen is board
 
 
 async def test_a_second_enter_in_the_department_picker_is_swallowed_not_sent_to_the_board(source):

@@ -96,3 +96,29 @@ async def test_node_detail_keeps_the_full_nvml_name(source, monkeypatch):
         assert app.run_command(f"node {node}")
         await settle(app, pilot)
         assert any("NVIDIA H100 80GB HBM3" in line for line in screen_lines(app))
+
+
+#: Names a broken or hostile node's daemon may report (gpuctl.format.compact_gpu_name).
+HOSTILE = ("NVIDIA H100\x1b[2J\x1b]0;pwned\x07", "[red]x[/]", "NVIDIA 加速器🚀加速器🚀", "", None,
+           "NVIDIA " + "Z" * 200, "NVIDIA A100\r\nL4")
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+async def test_hostile_gpu_names_never_reach_the_terminal_as_escapes_or_markup(source, monkeypatch, width):
+    from rich.cells import cell_len
+
+    _renamed(source, monkeypatch, HOSTILE)
+    app = make_app(source)
+    async with app.run_test(size=(width, 40)) as pilot:
+        await settle(app, pilot)
+        strips = app.screen._compositor.render_strips()
+        text = "".join(seg.text for strip in strips for seg in strip)
+        assert not any(ch in text for ch in "\x1b\x07\r\n\u202e")
+        assert all(cell_len(strip.text) == width for strip in strips)  # no line wider than the terminal
+        lines = screen_lines(app)
+        assert cell_len(fmt.compact_gpu_name(HOSTILE[2])) == 16  # CJK and emoji: 2 cells each
+        if width >= 120:
+            assert app.screen.name_width == 32  # the 200-character name: cut at the column's most
+            assert any(line.rstrip().endswith("[red]x[/]") for line in lines)  # shown as text, not markup
+            assert any(line.rstrip().endswith("N/A") for line in lines)
+            assert any("H100?[2J?]0;pwned?" in line for line in lines)

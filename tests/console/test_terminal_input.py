@@ -111,3 +111,33 @@ def test_the_linux_terminal_driver_is_the_guarded_one():
         assert make_app(src).get_driver_class() is GuardedLinuxDriver
     finally:
         src.close()
+
+
+def _events(parts, gap_s: float = 0.25):
+    """(kind, what) of the events a GuardedXTermParser makes of `parts`, each a read arriving
+    `gap_s` after the last (longer than Textual's escape delay: its parser has given up waiting)."""
+    import time
+
+    from textual import events
+
+    from gpuctl.console.terminal_input import GuardedXTermParser
+
+    parser = GuardedXTermParser()
+    out = []
+    for part in parts:
+        out += list(parser.feed(part))
+        time.sleep(gap_s)
+        out += list(parser.tick())
+    return [("cpr", (e.x, e.y)) if isinstance(e, events.CursorPosition) else ("key", e.key) for e in out]
+
+
+@pytest.mark.parametrize("parts", [["\x1b[12;", "5R"], ["\x1b[1", "2;5R"], ["\x1b[", "12;5R"], ["\x1b[12;5R"]])
+def test_a_cursor_position_answer_split_across_reads_is_never_typed(parts):
+    """gpuctl.console.frame_ack's answer cut between two reads further apart than the escape delay:
+    Textual's parser alone typed "[12;" and then "5R" (into the `/` filter); held, it is one answer."""
+    assert _events(parts) == [("cpr", (4, 11))]
+
+
+def test_keys_around_a_split_answer_and_a_split_key_sequence_keep_their_order():
+    assert _events(["a\x1b[12", ";5Rb"]) == [("key", "a"), ("cpr", (4, 11)), ("key", "b")]
+    assert _events(["\x1b[1;5", "A"]) == [("key", "ctrl+up")]  # held, then fed whole: not lost

@@ -157,6 +157,61 @@ def test_changed_host_key_refused_loudly_and_file_untouched(sshd, node, opened, 
     assert known.read_text() == before
 
 
+def test_host_key_change_in_a_remembered_known_hosts_is_never_missed(sshd, node, opened, tmp_path, monkeypatch):
+    """known_hosts is read once per process while unchanged (gpuctl.transport.filememo). A change
+    to another host key of the same size is seen at the next connection: rewritten in place with
+    its old mtime put back (only the ctime moves), and replaced by rename within the same second."""
+    import gpuctl.transport.filememo as filememo
+
+    monkeypatch.setattr(filememo, "RACY_S", 0.05)
+    key_type, key_b64 = sshd.host_pub.read_text().split()[:2]
+    keygen(tmp_path / "other_host_key")
+    other_type, other_b64 = (tmp_path / "other_host_key.pub").read_text().split()[:2]
+    good = f"[127.0.0.1]:{sshd.port} {key_type} {key_b64}\n"
+    bad = f"[127.0.0.1]:{sshd.port} {other_type} {other_b64}\n"
+    assert len(good) == len(bad)
+    known = tmp_path / "known_hosts"
+    known.write_text(good)
+    os.utime(known, (time.time() - 60, time.time() - 60))
+    time.sleep(0.1)
+    from gpuctl.transport import knownhosts
+
+    before = knownhosts._PARSED.hits
+    for _ in range(3):  # learnt, confirmed, then handed out from memory
+        assert opened(node, sshd, known_hosts_path=str(known)).http_client().get("/v1/health").status_code == 200
+    assert knownhosts._PARSED.hits > before
+    st = os.stat(known)
+    with open(known, "r+") as f:
+        f.write(bad)
+    os.utime(known, ns=(st.st_atime_ns, st.st_mtime_ns))
+    err = _fail(opened(node, sshd, known_hosts_path=str(known)))
+    assert err.code == "host_key_changed" and f"HOST KEY FOR 127.0.0.1:{sshd.port} HAS CHANGED" in str(err)
+    assert known.read_text() == bad  # the file is left as it is
+
+    fresh = tmp_path / "known_hosts.new"  # back to the good key, then a same-size swap by rename
+    fresh.write_text(good)
+    os.replace(fresh, known)
+    assert opened(node, sshd, known_hosts_path=str(known)).http_client().get("/v1/health").status_code == 200
+    fresh.write_text(bad)
+    os.replace(fresh, known)
+    err = _fail(opened(node, sshd, known_hosts_path=str(known)))
+    assert err.code == "host_key_changed"
+    known.unlink()  # deleted: the host is unknown again, never the remembered key
+    assert _fail(opened(node, sshd, known_hosts_path=str(known))).code == "host_key_unknown"
+    assert not known.exists()
+
+
+def test_known_hosts_that_cannot_be_read_is_named(sshd, node, opened, tmp_path):
+    """A known_hosts path that exists but cannot be read (here a directory; for a user, mode 000)
+    fails with the file named, code "config"; before: "node gpu01 (...): is a directory"."""
+    known = tmp_path / "known_hosts"
+    known.mkdir()
+    err = _fail(opened(node, sshd, known_hosts_path=str(known)))
+    assert err.code == "config"
+    assert str(err) == f"node gpu01 (127.0.0.1:{sshd.port}): known_hosts file {known} cannot be read: Is a directory"
+    assert known.is_dir() and not any(known.iterdir())
+
+
 # --------------------------------------------------------------------------- connect and auth failures
 
 

@@ -178,3 +178,46 @@ def test_a_blind_enter_never_confirms_a_move_the_terminal_has_not_shown(slow_con
         time.sleep(0.5)
     assert _totals(session) != before
     assert _quit(session, status) == 0
+
+
+def test_the_move_dialog_arms_on_the_real_terminals_answer_not_the_fallback(console):
+    """tmux answers the frame_ack query (cursor moved to a position of its own, then DSR) with that
+    position, so the dialog arms well before ACK_TIMEOUT_S (3 s): a `y` 1.5 s after the dialog is
+    on the screen moves. (An answer the app did not recognise would leave it unarmed until 3 s:
+    the `y` dropped, the dialog still up.) The cursor save/restore around the query leaves the
+    screen as drawn."""
+    from gpuctl.console import frame_ack
+
+    assert frame_ack.ACK_TIMEOUT_S >= 3.0
+    session, status = console
+    _keys(session, "d")
+    wait_for(session, lambda s: "departments" in s.splitlines()[0], timeout_s=20)
+    _keys(session, "Down")
+    before = _totals(session)
+    _keys(session, "m", pause_s=0)
+    wait_for(session, lambda s: "Move to department" in s, timeout_s=10)
+    _keys(session, "Enter", pause_s=0)
+    wait_for(session, lambda s: "Move slices" in s and "Cancel (n)" in s, timeout_s=8)
+    time.sleep(1.5)
+    _keys(session, "y", pause_s=0)
+    wait_for(session, lambda s: "Move slices" not in s, timeout_s=1.2)
+    deadline = time.monotonic() + 15
+    while _totals(session) == before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _totals(session) != before
+    assert _quit(session, status) == 0
+
+
+def test_a_cursor_position_answer_split_across_reads_never_types_into_the_filter(console):
+    """A terminal's cursor-position answer (what gpuctl.console.frame_ack asks for) arriving in two
+    pieces further apart than the escape delay, and a Shift+F3 (which Textual reads as an answer),
+    while the `/` filter is open: nothing is typed, nothing runs."""
+    session, status = console
+    _keys(session, "/")
+    _hex(session, b"\x1b[12;", pause_s=0.6)
+    _hex(session, b"5R")
+    _keys(session, "S-F3")
+    _keys(session, "sim-02", literal=True, pause_s=1.0)
+    screen = capture(session)
+    assert any(line.split("▌")[0].strip() == "sim-02" for line in screen.splitlines()), screen
+    assert _quit(session, status) == 0

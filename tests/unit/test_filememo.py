@@ -19,10 +19,22 @@ from gpuctl.transport.sshconfig import SshConfigError, load_config, resolve_host
 from gpuctl.transport.sshkeys import KeyLoadError, load_private_key
 
 
+#: The racy window in these tests (seconds; filememo.RACY_S is 1.0).
+RACY_S = 0.05
+
+
+@pytest.fixture(autouse=True)
+def short_racy_window(monkeypatch):
+    """Files count as settled RACY_S after their last change (ctime, which utime moves too)."""
+    monkeypatch.setattr(filememo, "RACY_S", RACY_S)
+
+
 def _age(path: Path, seconds: float = 5.0) -> None:
-    """Set the mtime `seconds` in the past (out of the racy window) as a file edited earlier."""
+    """Set the mtime `seconds` in the past as a file edited earlier, and wait out the racy window
+    of its ctime (which nobody can set back)."""
     t = time.time() - seconds
     os.utime(path, (t, t))
+    time.sleep(RACY_S * 1.5)
 
 
 def _counting(path: Path, calls: list[int]):
@@ -37,12 +49,12 @@ def test_value_kept_while_file_unchanged_and_read_again_after_edit(tmp_path):
     f.write_text("one")
     _age(f)
     memo, calls = FileMemo(), []
-    assert memo.get("k", _counting(f, calls)) == "one"
-    assert memo.get("k", _counting(f, calls)) == "one"
-    assert (len(calls), memo.hits, memo.misses) == (1, 1, 1)
+    for _ in range(3):  # the first read learns the files, the second confirms them unchanged
+        assert memo.get("k", _counting(f, calls)) == "one"
+    assert (len(calls), memo.hits, memo.misses) == (2, 1, 2)
     f.write_text("two!")  # new size and mtime
     assert memo.get("k", _counting(f, calls)) == "two!"
-    assert len(calls) == 2
+    assert len(calls) == 3
 
 
 def test_same_size_same_second_edit_is_seen(tmp_path):
@@ -65,7 +77,7 @@ def test_removed_and_created_files_are_seen(tmp_path):
     compute = lambda: (f.exists(), (str(f),))  # noqa: E731
     assert memo.get("k", compute) is True
     f.unlink()
-    assert memo.get("k", compute) is False
+    assert memo.get("k", compute) is False  # stat before and after: confirmed as missing
     assert memo.get("k", compute) is False and memo.hits == 1  # a missing file is remembered as missing
     f.write_text("y")
     assert memo.get("k", compute) is True
@@ -91,7 +103,7 @@ def test_maxsize_drops_oldest(tmp_path):
     f.write_text("x")
     _age(f)
     memo = FileMemo(maxsize=2)
-    for k in "abc":
+    for k in "abcc":
         memo.get(k, lambda k=k: (k, (str(f),)))
     assert memo.get("a", lambda: ("again", (str(f),))) == "again"
     assert memo.get("c", lambda: ("never", (str(f),))) == "c"
@@ -105,6 +117,7 @@ def test_ssh_config_parsed_once_and_again_after_include_changes(tmp_path):
     main.write_text("Include conf.d/*.conf\nHost *\n  User u\n")
     for p in (inc / "a.conf", main, inc):
         _age(p)
+    load_config(str(main), include_dir=str(tmp_path))
     c1 = load_config(str(main), include_dir=str(tmp_path))
     assert load_config(str(main), include_dir=str(tmp_path)) is c1
     assert resolve_host("a", config=c1).port == 2201
@@ -115,6 +128,7 @@ def test_ssh_config_parsed_once_and_again_after_include_changes(tmp_path):
     # an edit of an included file, long after the config was remembered
     for p in (inc / "b.conf", inc):
         _age(p, 10)
+    load_config(str(main), include_dir=str(tmp_path))
     c3 = load_config(str(main), include_dir=str(tmp_path))
     assert load_config(str(main), include_dir=str(tmp_path)) is c3
     (inc / "b.conf").write_text("Host b\n  Port 2203\n")
@@ -155,6 +169,7 @@ def test_known_hosts_read_once_and_after_add(tmp_path):
     _age(kh)
     hits = knownhosts._PARSED.hits
     a = KnownHosts(str(kh))
+    KnownHosts(str(kh))
     b = KnownHosts(str(kh))
     assert knownhosts._PARSED.hits == hits + 1
     assert a.check("host1", blob).status == "ok" and b.check("host1", blob).status == "ok"
@@ -169,6 +184,7 @@ def test_known_hosts_read_once_and_after_add(tmp_path):
 def test_private_key_loaded_once_unless_changed_or_encrypted(tmp_path):
     k = keygen(tmp_path / "id")
     _age(k)
+    load_private_key(str(k))
     k1 = load_private_key(str(k))
     assert load_private_key(str(k)) is k1
     os.unlink(k)
@@ -189,3 +205,49 @@ def test_modules_share_the_one_memo_class():
     assert isinstance(sshconfig._PARSED, filememo.FileMemo)
     assert isinstance(knownhosts._PARSED, filememo.FileMemo)
     assert isinstance(sshkeys._LOADED, filememo.FileMemo)
+
+
+def test_rewrite_keeping_inode_size_and_mtime_is_seen(tmp_path):
+    """A rewrite that puts the old mtime back (cp -p, touch -r, a restored backup) with the same
+    size: only the ctime moves, and that is enough."""
+    f = tmp_path / "a"
+    f.write_text("aaaa")
+    _age(f)
+    memo, calls = FileMemo(), []
+    for _ in range(3):
+        assert memo.get("k", _counting(f, calls)) == "aaaa"
+    assert memo.hits == 1
+    st = os.stat(f)
+    with open(f, "r+") as fh:  # same inode
+        fh.write("bbbb")
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(f).st_ino, os.stat(f).st_size, os.stat(f).st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
+    assert memo.get("k", _counting(f, calls)) == "bbbb"
+    os.chmod(f, 0o600)  # a mode change (unreadable for a non-root user) is read again too
+    assert memo.get("k", _counting(f, calls)) == "bbbb" and len(calls) == 4
+
+
+def test_a_file_replaced_while_it_is_read_is_never_remembered_stale(tmp_path):
+    """known_hosts is a symlink swapped, while it is being read, to an older file (its ctime
+    outside the racy window): the value read is from the old target, the stat after the read sees
+    the new one. It must not be handed out for the new one."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.write_text("old key")
+    new.write_text("new key")
+    link = tmp_path / "known_hosts"
+    link.symlink_to(old)
+    for p in (old, new):
+        _age(p)
+    memo = FileMemo()
+
+    def swapping_read():
+        text = link.read_text()
+        tmp = tmp_path / "swap"
+        tmp.symlink_to(new)
+        os.replace(tmp, link)  # the swap lands between the read and the stat after it
+        return text, (str(link),)
+
+    assert memo.get("k", swapping_read) == "old key"
+    assert memo.get("k", _counting(link, [])) == "new key"
+    assert memo.get("k", _counting(link, [])) == "new key"  # and from now on remembered
+    assert memo.get("k", swapping_read) == "new key" and memo.hits == 2

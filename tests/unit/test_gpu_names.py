@@ -37,6 +37,30 @@ def test_compact_gpu_name_drops_brand_words_and_keeps_the_model(nvml_name, compa
 
 
 @pytest.mark.parametrize("name, compact", [("NVIDIA", "NVIDIA"), ("NVIDIA ", "NVIDIA"), ("  L4 ", "L4"),
-                                           ("Generation", "Generation"), ("", "")])
+                                           ("Generation", "Generation"), (" ", "N/A")])
 def test_a_name_that_would_become_empty_stays_whole(name, compact):
     assert fmt.compact_gpu_name(name) == compact
+
+
+@pytest.mark.parametrize("name", [None, "", "   ", 7, ["H100"], {"a": 1}, "\t\n"])
+def test_a_missing_or_not_text_name_is_na_never_a_crash(name):
+    assert fmt.compact_gpu_name(name) == "N/A"
+    assert fmt.safe_gpu_name(name) == "N/A"
+
+
+@pytest.mark.parametrize("name, compact", [
+    ("NVIDIA H100\x1b[2J\x1b]0;pwned\x07", "H100?[2J?]0;pwned?"),  # ESC and BEL never reach the terminal
+    ("NVIDIA A100\r\nL4", "A100??L4"),
+    ("NVIDIA H100\u202eevil", "H100?evil"),  # bidi override
+    ("NVIDIA [red]x[/]", "[red]x[/]"),  # markup stays text (the table appends it unparsed)
+    ("NVIDIA 加速器 🚀", "加速器 🚀"),
+])
+def test_unprintable_characters_are_replaced(name, compact):
+    assert fmt.compact_gpu_name(name) == compact
+    assert all(ch.isprintable() for ch in fmt.safe_gpu_name(name))
+
+
+def test_a_long_name_is_cut_with_an_ellipsis():
+    name = "NVIDIA " + "X" * 200
+    assert fmt.compact_gpu_name(name) == "X" * (fmt.GPU_NAME_MAX_CHARS - 1) + "…"
+    assert fmt.safe_gpu_name("Y" * 500) == "Y" * (fmt.GPU_NAME_FULL_MAX_CHARS - 1) + "…"
