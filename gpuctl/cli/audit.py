@@ -76,7 +76,7 @@ def _run(args: argparse.Namespace) -> int:
     for node in view.truncated:
         err(f"node {node}: only its newest records were sent; use --since" + ("" if args.limit else " or --limit"))
     if args.json:
-        emit_json({"records": records, "problems": problems,
+        emit_json({"records": records, "problems": problems, "problems_omitted": view.problems_omitted,
                     "unreachable": {n: str(e) for n, e in view.errors.items()}})
     else:
         from rich.table import Table
@@ -92,6 +92,8 @@ def _run(args: argparse.Namespace) -> int:
     for p in problems:
         err(f"node {p['node']}: {p['file']} line {p['line']}: unreadable audit record ({p['error']}): "
              f"{p['text'][:80]!r}")
+    for node, n in view.problems_omitted.items():
+        err(f"node {node}: {n} more unreadable audit line(s) not listed")
     for node, why in view.errors.items():
         err(f"node {node}: its audit log is not shown: {why}")
     return ExitCode.UNREACHABLE if view.errors else ExitCode.OK

@@ -208,12 +208,14 @@ def cancel(fleet: Any, entry_id: str) -> tuple[list[str], dict[str, Any], dict[s
 @dataclass
 class AuditView:
     """Merged audit records (oldest first, each with ``node_name``), unreadable lines (each with
-    ``node``), node -> NodeError for nodes not read, and nodes that sent only their newest records."""
+    ``node``), node -> NodeError for nodes not read, nodes that sent only their newest records,
+    and node -> unreadable lines a node counted but did not send (past its 100 problems)."""
 
     records: list[dict[str, Any]] = field(default_factory=list)
     problems: list[dict[str, Any]] = field(default_factory=list)
     errors: dict[str, Any] = field(default_factory=dict)
     truncated: list[str] = field(default_factory=list)
+    problems_omitted: dict[str, int] = field(default_factory=dict)
 
 
 def mentions(record: dict[str, Any], dept: str) -> bool:
@@ -246,6 +248,8 @@ def audit_records(fleet: Any, since_s: float | None = None, dept: str | None = N
         view.problems += [{"node": name, **p} for p in doc.get("problems", [])]
         if doc.get("truncated"):
             view.truncated.append(name)
+        if doc.get("problems_omitted"):
+            view.problems_omitted[name] = int(doc["problems_omitted"])
     view.records.sort(key=lambda r: (r.get("time_s") or 0, r.get("node_name")))
     if dept:
         view.records = filter_dept(view.records, dept)

@@ -44,3 +44,15 @@ def test_bad_limit_is_a_usage_error_and_asks_no_node(tmp_path):
         assert "/v1/audit" not in d1.log_path.read_text()[len(before):]
         assert run_cli("audit", "--limit", "5", "--config", str(cfg)).code == 0
         assert "/v1/audit" in d1.log_path.read_text()[len(before):]  # the check above can fail
+
+
+def test_unreadable_lines_past_a_nodes_hundred_are_counted_not_lost(tmp_path):
+    with local_fleet(tmp_path, {"n1": 11}, gpus=1) as (cfg, (d1,)):
+        (d1.state_dir / "audit.log.1").write_bytes(b"\xff\xfe not a record\n" * 250)
+        r = run_cli("audit", "--json", "--config", str(cfg))
+        assert r.code == 0, r.stderr
+        assert len(r.json["problems"]) == 100 and r.json["problems_omitted"] == {"n1": 150}
+        assert "node n1: 150 more unreadable audit line(s) not listed" in r.stderr
+        plain = run_cli("audit", "--config", str(cfg))
+        assert "node n1: 150 more unreadable audit line(s) not listed" in plain.stderr
+        assert (d1.state_dir / "audit.log.1").read_bytes() == b"\xff\xfe not a record\n" * 250  # untouched
