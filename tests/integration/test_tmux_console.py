@@ -136,6 +136,23 @@ def _totals(session: str) -> dict[str, str]:
     return {SHORT_NAMES.get(name, name): figure for name, figure in DEPARTMENT_TOTALS.findall(screen.splitlines()[0])}
 
 
+def _confirm_a_seen_move(session: str, status, before: dict[str, str], *, dialog_gone_within_s: float) -> None:
+    """m, Enter (the first department), the dialog on the screen for 1.5 s, then y: the dialog goes
+    within `dialog_gone_within_s`, the header's totals change from `before`, and q exits 0."""
+    _keys(session, "m", pause_s=0)
+    wait_for(session, lambda s: "Move to department" in s, timeout_s=10)
+    _keys(session, "Enter", pause_s=0)
+    wait_for(session, lambda s: "Move slices" in s and "Cancel (n)" in s, timeout_s=8)
+    time.sleep(1.5)
+    _keys(session, "y", pause_s=0)
+    wait_for(session, lambda s: "Move slices" not in s, timeout_s=dialog_gone_within_s)
+    deadline = time.monotonic() + 15
+    while _totals(session) == before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _totals(session) != before
+    assert _quit(session, status) == 0
+
+
 def test_a_blind_enter_never_confirms_a_move_the_terminal_has_not_shown(slow_console):
     """Issue 9 item 3 as reported: m, pick a department, the confirmation does not appear (the
     terminal lags behind the app's frames), Enter. The dialog appears within a bound (8 s at
@@ -166,18 +183,7 @@ def test_a_blind_enter_never_confirms_a_move_the_terminal_has_not_shown(slow_con
             break
     assert blind >= 2, "the terminal never lagged: the condition was not reproduced"
     # seen, then confirmed: it moves
-    _keys(session, "m", pause_s=0)
-    wait_for(session, lambda s: "Move to department" in s, timeout_s=10)
-    _keys(session, "Enter", pause_s=0)
-    wait_for(session, lambda s: "Move slices" in s and "Cancel (n)" in s, timeout_s=8)
-    time.sleep(1.5)
-    _keys(session, "y", pause_s=0)
-    wait_for(session, lambda s: "Move slices" not in s, timeout_s=10)
-    deadline = time.monotonic() + 15
-    while _totals(session) == before and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _totals(session) != before
-    assert _quit(session, status) == 0
+    _confirm_a_seen_move(session, status, before, dialog_gone_within_s=10)
 
 
 def test_the_move_dialog_arms_on_the_real_terminals_answer_not_the_fallback(console):
@@ -194,18 +200,7 @@ def test_the_move_dialog_arms_on_the_real_terminals_answer_not_the_fallback(cons
     wait_for(session, lambda s: "departments" in s.splitlines()[0], timeout_s=20)
     _keys(session, "Down")
     before = _totals(session)
-    _keys(session, "m", pause_s=0)
-    wait_for(session, lambda s: "Move to department" in s, timeout_s=10)
-    _keys(session, "Enter", pause_s=0)
-    wait_for(session, lambda s: "Move slices" in s and "Cancel (n)" in s, timeout_s=8)
-    time.sleep(1.5)
-    _keys(session, "y", pause_s=0)
-    wait_for(session, lambda s: "Move slices" not in s, timeout_s=1.2)
-    deadline = time.monotonic() + 15
-    while _totals(session) == before and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _totals(session) != before
-    assert _quit(session, status) == 0
+    _confirm_a_seen_move(session, status, before, dialog_gone_within_s=1.2)
 
 
 def test_a_cursor_position_answer_split_across_reads_never_types_into_the_filter(console):
