@@ -25,22 +25,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dept", metavar="DEPT", help="only changes that moved slices or leases of this department")
     parser.add_argument("--node", metavar="NAME", help="only this node's log")
     parser.add_argument("--limit", metavar="N", type=_limit,
-                        help=f"only each node's newest N records (1 to {MAX_LIMIT}; default: all the node sends, "
-                             f"at most {MAX_LIMIT})")
-
-
-#: The most records one node sends per answer (the daemon's rule, one copy).
-MAX_LIMIT = MAX_RECORDS_PER_ANSWER
+                        help=f"only each node's newest N records (1 to {MAX_RECORDS_PER_ANSWER}; default: all the node sends, "
+                             f"at most {MAX_RECORDS_PER_ANSWER})")
 
 
 def _limit(text: str) -> int:
-    """``--limit``'s value: a whole number from 1 to MAX_LIMIT (argparse says the error)."""
+    """``--limit``'s value: a whole number from 1 to MAX_RECORDS_PER_ANSWER (argparse says the error)."""
     try:
         n = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_LIMIT}, got {text!r}") from None
-    if not 1 <= n <= MAX_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_LIMIT}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_RECORDS_PER_ANSWER}, got {text!r}") from None
+    if not 1 <= n <= MAX_RECORDS_PER_ANSWER:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_RECORDS_PER_ANSWER}, got {text!r}")
     return n
 
 

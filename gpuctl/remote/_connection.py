@@ -498,6 +498,29 @@ _default: Connection | None = None
 _default_lock = threading.Lock()
 
 
+def resolve_attach(endpoint: str | None = None, token: str | bytes | None = None, lease_id: str | None = None, *,
+                   tls: bool = False, cafile: str | None = None, server_name: str | None = None,
+                   api: str = "gpuctl.remote") -> AttachSpec:
+    """The AttachSpec that ``attach(...)`` of `api` (gpuctl.remote, gpuctl.torch) means: `endpoint`
+    as a ``tcp://`` / ``tls://`` / ``ssh://`` URL, or "HOST:PORT" with `token` (hex str or raw
+    bytes) and `lease_id`; None reads ``GPUCTL_ATTACH``. Raises AttachError naming what is wrong
+    (unset variable, bad URL, HOST:PORT without its token or lease id)."""
+    if endpoint is None:
+        value = os.environ.get("GPUCTL_ATTACH")
+        if not value:
+            raise AttachError(f"GPUCTL_ATTACH is not set: run under `gpuctl run` or call {api}.attach(...)")
+        return parse_attach(value)
+    if "://" in endpoint:
+        return parse_attach(endpoint, "endpoint")
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit():
+        raise AttachError(f"endpoint: expected HOST:PORT, got {endpoint!r}")
+    if token is None or lease_id is None:
+        raise AttachError("attach: token and lease_id are needed with a HOST:PORT endpoint")
+    tok = bytes.fromhex(token) if isinstance(token, str) else bytes(token)
+    return AttachSpec(host.strip("[]"), int(port), lease_id, tok, tls, cafile, server_name)
+
+
 def attach(endpoint: str | None = None, token: str | bytes | None = None, lease_id: str | None = None, *,
            tls: bool = False, cafile: str | None = None, server_name: str | None = None,
            ssh: Any = None) -> Connection:
@@ -511,21 +534,7 @@ def attach(endpoint: str | None = None, token: str | bytes | None = None, lease_
     (bad spec, refused token, unreachable worker, SSH channel refused).
     """
     global _default
-    if endpoint is None:
-        value = os.environ.get("GPUCTL_ATTACH")
-        if not value:
-            raise AttachError("GPUCTL_ATTACH is not set: run under `gpuctl run` or call gpuctl.remote.attach(...)")
-        spec = parse_attach(value)
-    elif "://" in endpoint:
-        spec = parse_attach(endpoint, "endpoint")
-    else:
-        host, _, port = endpoint.rpartition(":")
-        if not host or not port.isdigit():
-            raise AttachError(f"endpoint: expected HOST:PORT, got {endpoint!r}")
-        if token is None or lease_id is None:
-            raise AttachError("attach: token and lease_id are needed with a HOST:PORT endpoint")
-        tok = bytes.fromhex(token) if isinstance(token, str) else bytes(token)
-        spec = AttachSpec(host.strip("[]"), int(port), lease_id, tok, tls, cafile, server_name)
+    spec = resolve_attach(endpoint, token, lease_id, tls=tls, cafile=cafile, server_name=server_name)
     conn = Connection(spec, ssh=ssh)
     with _default_lock:
         old, _default = _default, conn
@@ -540,10 +549,7 @@ def get_connection() -> Connection:
     if _default is None:
         with _default_lock:
             if _default is None:
-                value = os.environ.get("GPUCTL_ATTACH")
-                if not value:
-                    raise AttachError("GPUCTL_ATTACH is not set: run under `gpuctl run` or call gpuctl.remote.attach(...)")
-                _default = Connection(parse_attach(value))
+                _default = Connection(resolve_attach())
     return _default
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from gpuctl.remote._connection import AttachError, AttachSpec, Connection, WorkerLostError, parse_attach
+from gpuctl.remote._connection import AttachError, Connection, WorkerLostError, resolve_attach
 from gpuctl.torch import _backend, _tensor
 from gpuctl.torch._tensor import RemoteTensor, WorkerLost
 
@@ -71,21 +71,7 @@ def attach(endpoint: str | None = None, token: str | bytes | None = None, lease_
     Transport/SSHClient to the node. Raises AttachError (bad URL, refused token, unreachable worker,
     a worker that cannot run torch) and RuntimeError when the device cannot be registered.
     """
-    import os
-
-    if endpoint is None:
-        value = os.environ.get("GPUCTL_ATTACH")
-        if not value:
-            raise AttachError("GPUCTL_ATTACH is not set: run under `gpuctl run` or call gpuctl.torch.attach(...)")
-        spec = parse_attach(value)
-    elif "://" in endpoint:
-        spec = parse_attach(endpoint, "endpoint")
-    else:
-        host, _, port = endpoint.rpartition(":")
-        if not host or not port.isdigit() or token is None or lease_id is None:
-            raise AttachError("attach: expected a URL, or HOST:PORT with token and lease_id")
-        spec = AttachSpec(host.strip("[]"), int(port), lease_id,
-                          bytes.fromhex(token) if isinstance(token, str) else bytes(token))
+    spec = resolve_attach(endpoint, token, lease_id, api="gpuctl.torch")
     _setup()
     # the worker starts torch (and CUDA) at its first torch connection: allow it time to answer
     conn = Connection(spec, timeout_s=ATTACH_TIMEOUT_S, ssh=ssh, hello={"client": "gpuctl.torch", "executor": "torch"})

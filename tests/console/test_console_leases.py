@@ -9,6 +9,8 @@ import pytest
 from textual.widgets import DataTable
 
 from daemon_proc import start_daemon, uds_client
+from fleet_fixtures import local_node, write_fleet_config
+
 from gpuctl.config import load_config
 from gpuctl.fleet.client import FleetClient
 from gpuctl.fleet.reassign import ReassignRequest, new_request_id
@@ -17,24 +19,13 @@ from gpuctl.screens.confirm import ConfirmScreen
 from gpuctl.screens.leases import LeasesScreen
 from tests.support.console import make_app
 
-CONFIG = """
-[[department]]
-name = "research"
-priority = 10
-
-[[node]]
-name = "n1"
-transport = "local"
-socket = "{s1}"
-"""
-
 
 @pytest.fixture
 def leased(tmp_path):
     """A daemon with one research slice under a native lease: (daemon, source, lease JSON)."""
     d = start_daemon(tmp_path, gpus=2, seed=72, name="n1")
     cfg = tmp_path / "fleet.toml"
-    cfg.write_text(CONFIG.format(s1=d.socket_path))
+    write_fleet_config(cfg, {"n1": local_node(d.socket_path)}, {"research": 10})
     source = LiveFleetSource(FleetClient(load_config(cfg)))
     try:
         with uds_client(d.socket_path) as c:

@@ -8,22 +8,13 @@ from textual.app import App
 from textual.widgets import DataTable, Input, Static
 
 from daemon_proc import start_daemon, uds_client
+from fleet_fixtures import local_node, write_fleet_config
+
 from gpuctl.fleet.client import FleetClient
 from gpuctl.config import load_config
 from gpuctl.fleet.schedule import FleetSchedule
 from gpuctl.screens.audit import AuditScreen
 from gpuctl.screens.schedule import ScheduleScreen
-
-CONFIG = """
-[[department]]
-name = "research"
-priority = 10
-
-[[node]]
-name = "n1"
-transport = "local"
-socket = "{s1}"
-"""
 
 
 class Host(App):
@@ -41,7 +32,7 @@ class Host(App):
 def node(tmp_path):
     d = start_daemon(tmp_path, gpus=2, seed=71, name="n1")
     cfg = tmp_path / "fleet.toml"
-    cfg.write_text(CONFIG.format(s1=d.socket_path))
+    write_fleet_config(cfg, {"n1": local_node(d.socket_path)}, {"research": 10})
     fleet = FleetClient(load_config(cfg))
     try:
         yield d, FleetSchedule(fleet)
